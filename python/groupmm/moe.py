@@ -1,0 +1,346 @@
+"""Mixture-of-Experts routing helpers and a complete MoE layer on :func:`groupmm.grouped_mm`.
+
+The pipeline of one MoE feed-forward block::
+
+    router = TopKRouter(d_model, num_experts, top_k)
+    experts = GroupedExperts(num_experts, d_model, d_ff)
+
+    r = router(x)                                           # weights, expert_ids [T, k]
+    p = permute(x, r.expert_ids, num_experts, pad_to=None)  # expert-sorted rows + offs
+    y = experts(p.tokens, p.offs)                           # grouped GEMMs
+    out = unpermute(y, p.inverse, r.weights)                # weighted sum of the top-k
+
+:class:`MoELayer` wraps exactly that.
+
+Nothing here synchronises with the host: token counts, offsets and the permutation are
+computed on the device with ``argsort`` (stable), ``searchsorted`` and ``cumsum``; shapes
+depend only on ``T``, ``top_k``, ``num_experts`` and ``pad_to``, never on the routing, so
+the layer runs under ``torch.compile(fullgraph=True)`` and inside CUDA graphs.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from .nn import GroupedExperts, _check_positive_int
+
+__all__ = [
+    "MoELayer",
+    "Permuted",
+    "RouterOutput",
+    "TopKRouter",
+    "load_balancing_loss",
+    "permute",
+    "unpermute",
+]
+
+
+class RouterOutput(NamedTuple):
+    """What :class:`TopKRouter` returns."""
+
+    weights: torch.Tensor
+    """``[T, k]`` gate weight of each chosen expert, in the input's dtype."""
+    expert_ids: torch.Tensor
+    """``[T, k]`` int64 ids of the chosen experts, best first."""
+    probs: torch.Tensor
+    """``[T, E]`` router softmax over all experts (float32 or wider)."""
+    aux_loss: torch.Tensor
+    """Scalar load-balancing loss, already scaled by ``aux_loss_coef`` (zero if 0)."""
+
+
+class Permuted(NamedTuple):
+    """What :func:`permute` returns."""
+
+    tokens: torch.Tensor
+    """``[R, D]`` rows sorted by expert; ``R = T*k`` (no padding) or
+    ``T*k + E*(pad_to-1)`` (padding); padding rows are zero."""
+    offs: torch.Tensor
+    """int32 ``[E]`` cumulative end row of each expert's group in ``tokens``."""
+    inverse: torch.Tensor
+    """int64 ``[T, k]``: row of ``tokens`` that holds assignment ``(t, j)``."""
+    counts: torch.Tensor
+    """int64 ``[E]`` number of assignments per expert (before padding)."""
+
+
+def load_balancing_loss(probs: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
+    """Switch-Transformer load-balancing loss ``E * sum_e f_e * P_e``.
+
+    ``f_e`` is the fraction of the ``T*k`` assignments routed to expert ``e`` (not
+    differentiable) and ``P_e`` the mean router probability of ``e``. It equals 1 when
+    routing is perfectly uniform and grows as routing concentrates.
+
+    Args:
+        probs: ``[T, E]`` router probabilities.
+        expert_ids: ``[T, k]`` chosen experts.
+    """
+    num_experts = probs.shape[-1]
+    flat = expert_ids.reshape(-1)
+    counts = torch.zeros(num_experts, device=probs.device, dtype=probs.dtype)
+    counts = counts.scatter_add(0, flat, torch.ones_like(flat, dtype=probs.dtype))
+    frac = counts / max(flat.numel(), 1)
+    return num_experts * (frac * probs.mean(dim=0)).sum()
+
+
+class TopKRouter(nn.Module):
+    """Linear gate, softmax over experts, top-k selection.
+
+    Args:
+        d_model: token width.
+        num_experts: number of experts ``E``.
+        top_k: experts per token (``1 <= top_k <= num_experts``).
+        normalize: renormalise the ``k`` chosen probabilities to sum to 1. Default
+            ``None`` means ``top_k > 1`` (Mixtral style); for ``top_k == 1`` it would make
+            every weight 1 and cut the router off from the task loss (Switch keeps the
+            raw probability).
+        aux_loss_coef: scale of the load-balancing loss (0 turns it off).
+        device, dtype: factory arguments for the gate weight.
+
+    The softmax runs in at least float32 even for 16-bit inputs; the returned weights
+    are cast back to the input's dtype.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_experts: int,
+        top_k: int,
+        normalize: bool | None = None,
+        aux_loss_coef: float = 0.01,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.d_model = _check_positive_int("d_model", d_model)
+        self.num_experts = _check_positive_int("num_experts", num_experts)
+        self.top_k = _check_positive_int("top_k", top_k)
+        if top_k > num_experts:
+            raise ValueError(f"top_k must be <= num_experts={num_experts}, got {top_k}")
+        if aux_loss_coef < 0:
+            raise ValueError(f"aux_loss_coef must be >= 0, got {aux_loss_coef}")
+        self.normalize = top_k > 1 if normalize is None else bool(normalize)
+        self.aux_loss_coef = float(aux_loss_coef)
+        self.gate = nn.Linear(
+            d_model, num_experts, bias=False, device=device, dtype=dtype
+        )
+
+    def forward(self, x: torch.Tensor) -> RouterOutput:
+        """Route ``x`` of shape ``[T, d_model]``."""
+        if x.dim() != 2 or x.shape[1] != self.d_model:
+            raise ValueError(
+                f"x must have shape [T, d_model={self.d_model}], got {tuple(x.shape)}"
+            )
+        logits = self.gate(x)
+        compute_dtype = torch.promote_types(logits.dtype, torch.float32)
+        probs = logits.to(compute_dtype).softmax(dim=-1)
+        top_p, expert_ids = probs.topk(self.top_k, dim=-1)
+        if self.normalize:
+            top_p = top_p / top_p.sum(dim=-1, keepdim=True)
+        if self.aux_loss_coef > 0:
+            aux = self.aux_loss_coef * load_balancing_loss(probs, expert_ids)
+        else:
+            aux = probs.new_zeros(())
+        return RouterOutput(top_p.to(x.dtype), expert_ids, probs, aux)
+
+    def extra_repr(self) -> str:
+        return (
+            f"d_model={self.d_model}, num_experts={self.num_experts}, top_k={self.top_k}, "
+            f"normalize={self.normalize}, aux_loss_coef={self.aux_loss_coef}"
+        )
+
+
+def permute(
+    tokens: torch.Tensor,
+    expert_ids: torch.Tensor,
+    num_experts: int,
+    pad_to: int | None = None,
+) -> Permuted:
+    """Sort token copies by expert for :func:`grouped_mm`, on the device, without host sync.
+
+    Token ``t`` is copied once for each of its ``k`` experts. Copies are ordered by
+    expert (stable, so within an expert by token, then by slot).
+
+    How (all on ``tokens``' device, fixed output shapes): ``argsort(stable=True)`` of the
+    flattened expert ids gives the order; ``searchsorted`` of the sorted ids against
+    ``arange(E)`` gives each expert's end row, i.e. ``offs``; no ``.item()``,
+    ``.tolist()``, ``nonzero`` or ``bincount``.
+
+    Args:
+        tokens: ``[T, D]``.
+        expert_ids: ``[T, k]`` (or ``[T]`` for ``k = 1``) integer expert ids in
+            ``[0, num_experts)``. Ids outside that range are not checked (checking
+            would need a host sync) and give wrong results.
+        num_experts: ``E``.
+        pad_to: if given, every group's length is rounded up to a multiple of it
+            (e.g. 8, 16, 128) with zero rows, for kernels that prefer aligned groups.
+            The output then has the static upper bound ``T*k + E*(pad_to-1)`` rows;
+            rows past ``offs[-1]`` are zero too.
+
+    Returns:
+        :class:`Permuted` ``(tokens, offs, inverse, counts)``; pass ``inverse`` to
+        :func:`unpermute`.
+    """
+    if tokens.dim() != 2:
+        raise ValueError(f"tokens must have shape [T, D], got {tuple(tokens.shape)}")
+    _check_positive_int("num_experts", num_experts)
+    if pad_to is not None:
+        _check_positive_int("pad_to", pad_to)
+    if expert_ids.dim() == 1:
+        expert_ids = expert_ids.unsqueeze(1)
+    if expert_ids.dim() != 2 or expert_ids.shape[0] != tokens.shape[0]:
+        raise ValueError(
+            f"expert_ids must have shape [T={tokens.shape[0]}, k] or [T], "
+            f"got {tuple(expert_ids.shape)}"
+        )
+    if expert_ids.dtype.is_floating_point or expert_ids.dtype == torch.bool:
+        raise ValueError(
+            f"expert_ids must be an integer tensor, got {expert_ids.dtype}"
+        )
+    if expert_ids.device != tokens.device:
+        raise ValueError(
+            f"expert_ids is on {expert_ids.device} but tokens is on {tokens.device}"
+        )
+    num_tokens, top_k = expert_ids.shape
+    device = tokens.device
+    flat = expert_ids.reshape(-1).long()
+    order = torch.argsort(flat, stable=True)  # sorted position -> assignment index
+    sorted_ids = flat[order]
+    experts = torch.arange(num_experts, device=device, dtype=torch.long)
+    ends = torch.searchsorted(sorted_ids, experts, right=True)  # int64 [E]
+    counts = torch.diff(ends, prepend=ends.new_zeros(1))
+    source = tokens[order // top_k]  # row i = token of the i-th sorted assignment
+    n = flat.numel()
+
+    if pad_to is None or pad_to == 1:
+        dest = torch.arange(n, device=device)
+        sorted_tokens = source
+        offs = ends
+    else:
+        padded = (counts + pad_to - 1) // pad_to * pad_to
+        offs = torch.cumsum(padded, dim=0)
+        starts = ends - counts
+        padded_starts = offs - padded
+        # sorted position i of expert e lands at padded_starts[e] + (i - starts[e]).
+        dest = torch.arange(n, device=device) + (padded_starts - starts)[sorted_ids]
+        capacity = n + num_experts * (pad_to - 1)
+        sorted_tokens = tokens.new_zeros(capacity, tokens.shape[1]).index_copy(
+            0, dest, source
+        )
+
+    inverse = torch.empty_like(dest).scatter(0, order, dest).view(num_tokens, top_k)
+    return Permuted(sorted_tokens, offs.to(torch.int32), inverse, counts)
+
+
+def unpermute(
+    expert_out: torch.Tensor,
+    inverse: torch.Tensor,
+    gate_weights: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Gather each token's ``k`` expert outputs and combine them.
+
+    Args:
+        expert_out: ``[R, D]`` rows in the order :func:`permute` produced.
+        inverse: ``[T, k]`` from :func:`permute`.
+        gate_weights: ``[T, k]`` weights; ``None`` sums the ``k`` outputs unweighted.
+
+    Returns:
+        ``[T, D]``: ``sum_j gate_weights[t, j] * expert_out[inverse[t, j]]``, in
+        ``expert_out``'s dtype.
+    """
+    if expert_out.dim() != 2:
+        raise ValueError(
+            f"expert_out must have shape [R, D], got {tuple(expert_out.shape)}"
+        )
+    if inverse.dim() == 1:
+        inverse = inverse.unsqueeze(1)
+    num_tokens, top_k = inverse.shape
+    rows = expert_out[inverse.reshape(-1)].view(num_tokens, top_k, expert_out.shape[1])
+    if gate_weights is None:
+        return rows.sum(dim=1)
+    if gate_weights.dim() == 1:
+        gate_weights = gate_weights.unsqueeze(1)
+    if gate_weights.shape != inverse.shape:
+        raise ValueError(
+            f"gate_weights must have shape {tuple(inverse.shape)} like inverse, "
+            f"got {tuple(gate_weights.shape)}"
+        )
+    w = gate_weights.to(expert_out.dtype).unsqueeze(1)  # [T, 1, k]
+    return torch.bmm(w, rows).squeeze(1)
+
+
+class MoELayer(nn.Module):
+    """A complete MoE feed-forward layer: router, permute, grouped experts, unpermute.
+
+    ``forward(x)`` takes ``[..., d_model]`` and returns the same shape. The
+    load-balancing loss of the last forward is kept in ``self.aux_loss`` (add it to the
+    training loss); ``forward(x, return_aux_loss=True)`` returns ``(out, aux_loss)``
+    instead, which is the form to use under ``torch.compile``.
+
+    Args:
+        d_model, d_ff, num_experts, top_k: sizes.
+        activation: expert activation, see :class:`~groupmm.nn.GroupedExperts`.
+        bias: per-expert biases.
+        normalize: renormalise top-k weights, see :class:`TopKRouter`.
+        aux_loss_coef: load-balancing loss scale (0 turns it off).
+        pad_to: pad each expert group to a multiple of this (see :func:`permute`).
+        device, dtype: factory arguments.
+    """
+
+    aux_loss: torch.Tensor | None
+
+    def __init__(
+        self,
+        d_model: int,
+        d_ff: int,
+        num_experts: int,
+        top_k: int,
+        activation: str = "swiglu",
+        bias: bool = False,
+        normalize: bool | None = None,
+        aux_loss_coef: float = 0.01,
+        pad_to: int | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        if pad_to is not None:
+            _check_positive_int("pad_to", pad_to)
+        self.pad_to = pad_to
+        self.router = TopKRouter(
+            d_model,
+            num_experts,
+            top_k,
+            normalize,
+            aux_loss_coef,
+            device=device,
+            dtype=dtype,
+        )
+        self.experts = GroupedExperts(
+            num_experts, d_model, d_ff, activation, bias, device=device, dtype=dtype
+        )
+        self.aux_loss = None
+
+    @property
+    def num_experts(self) -> int:
+        return self.experts.num_experts
+
+    @property
+    def top_k(self) -> int:
+        return self.router.top_k
+
+    def forward(
+        self, x: torch.Tensor, return_aux_loss: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Apply the layer to ``x`` of shape ``[..., d_model]``."""
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])
+        route = self.router(flat)
+        p = permute(flat, route.expert_ids, self.num_experts, self.pad_to)
+        y = self.experts(p.tokens, p.offs)
+        out = unpermute(y, p.inverse, route.weights).view(shape)
+        if return_aux_loss:
+            return out, route.aux_loss
+        self.aux_loss = route.aux_loss
+        return out

@@ -1,0 +1,170 @@
+"""``torch.nn`` modules built on :func:`groupmm.grouped_mm`.
+
+:class:`GroupedExperts` holds the weights of every expert of a Mixture-of-Experts
+feed-forward block stacked in a few tensors and runs all experts with one grouped
+matrix multiply per projection, on tokens that are already sorted by expert (see
+:func:`groupmm.moe.permute`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .ops import grouped_mm
+
+__all__ = ["ACTIVATIONS", "GroupedExperts"]
+
+#: Activations understood by :class:`GroupedExperts`.
+ACTIVATIONS = ("swiglu", "gelu", "relu")
+
+
+def _check_positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be a positive int, got {value!r}")
+    if value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value}")
+    return value
+
+
+class GroupedExperts(nn.Module):
+    """The feed-forward networks of ``num_experts`` experts, run with grouped GEMMs.
+
+    Each expert ``e`` computes, for its rows ``x`` of shape ``[n_e, d_model]``:
+
+    - ``"swiglu"``: ``(silu(x @ w_gate[e]) * (x @ w_up[e])) @ w_out[e]``
+    - ``"gelu"`` / ``"relu"``: ``act(x @ w_in[e]) @ w_out[e]``
+
+    (plus ``b_in[e]`` / ``b_out[e]`` after each projection when ``bias=True``).
+
+    Weights are stored stacked, input-major, so they feed :func:`grouped_mm` as they are:
+
+    - ``w_in``: ``[E, d_model, d_ff]``, or ``[E, d_model, 2 * d_ff]`` for ``"swiglu"``
+      where columns ``[:d_ff]`` are the gate projection and ``[d_ff:]`` the up
+      projection (fused, so one grouped GEMM computes both);
+    - ``w_out``: ``[E, d_ff, d_model]``;
+    - ``b_in``: ``[E, w_in.shape[-1]]`` and ``b_out``: ``[E, d_model]`` when ``bias=True``.
+
+    Expert ``e``'s projection equals an ``nn.Linear`` whose ``weight`` is
+    ``w_in[e].T``. Initialisation matches ``nn.Linear`` per expert: weights and
+    biases uniform in ``[-1/sqrt(fan_in), 1/sqrt(fan_in)]``, ``fan_in = d_model`` for
+    the input projection and ``d_ff`` for the output projection.
+
+    Args:
+        num_experts: number of experts ``E``.
+        d_model: model (token) width.
+        d_ff: hidden width of each expert.
+        activation: ``"swiglu"`` (default), ``"gelu"`` or ``"relu"``.
+        bias: add a per-expert bias after each projection.
+        device, dtype: factory arguments for the parameters (any floating dtype).
+    """
+
+    w_in: nn.Parameter
+    w_out: nn.Parameter
+    b_in: nn.Parameter | None
+    b_out: nn.Parameter | None
+
+    def __init__(
+        self,
+        num_experts: int,
+        d_model: int,
+        d_ff: int,
+        activation: str = "swiglu",
+        bias: bool = False,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.num_experts = _check_positive_int("num_experts", num_experts)
+        self.d_model = _check_positive_int("d_model", d_model)
+        self.d_ff = _check_positive_int("d_ff", d_ff)
+        if activation not in ACTIVATIONS:
+            raise ValueError(
+                f"activation must be one of {ACTIVATIONS}, got {activation!r}"
+            )
+        if not isinstance(bias, bool):
+            raise TypeError(f"bias must be a bool, got {bias!r}")
+        if dtype is not None and not dtype.is_floating_point:
+            raise ValueError(f"dtype must be a floating point dtype, got {dtype}")
+        self.activation = activation
+        factory = {"device": device, "dtype": dtype}
+        n_in = 2 * d_ff if activation == "swiglu" else d_ff
+        self.w_in = nn.Parameter(torch.empty(num_experts, d_model, n_in, **factory))
+        self.w_out = nn.Parameter(torch.empty(num_experts, d_ff, d_model, **factory))
+        if bias:
+            self.b_in = nn.Parameter(torch.empty(num_experts, n_in, **factory))
+            self.b_out = nn.Parameter(torch.empty(num_experts, d_model, **factory))
+        else:
+            self.register_parameter("b_in", None)
+            self.register_parameter("b_out", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Initialise every expert like ``nn.Linear`` (uniform, bound ``1/sqrt(fan_in)``)."""
+        bound_in = 1.0 / math.sqrt(self.d_model)
+        bound_out = 1.0 / math.sqrt(self.d_ff)
+        with torch.no_grad():
+            self.w_in.uniform_(-bound_in, bound_in)
+            self.w_out.uniform_(-bound_out, bound_out)
+            if self.b_in is not None and self.b_out is not None:
+                self.b_in.uniform_(-bound_in, bound_in)
+                self.b_out.uniform_(-bound_out, bound_out)
+
+    @staticmethod
+    def _add_bias(h: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+        # Expert id of every row, on the device (no host sync). Rows past offs[-1]
+        # get id E, which indexes an appended zero row, so they stay zero.
+        rows = torch.arange(h.shape[0], device=h.device, dtype=offs.dtype)
+        expert_of_row = torch.searchsorted(offs, rows, right=True)
+        b = torch.cat([b, b.new_zeros(1, b.shape[1])])
+        return h + b[expert_of_row].to(h.dtype)
+
+    def forward(self, x: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+        """Run every expert on its rows.
+
+        Args:
+            x: ``[T, d_model]`` tokens sorted by expert.
+            offs: int32 ``[num_experts]``, cumulative end row of each expert
+                (expert ``e`` owns rows ``offs[e-1]:offs[e]``), on ``x``'s device.
+
+        Returns:
+            ``[T, d_model]``; rows past ``offs[-1]`` are zero (without bias, also any
+            all-zero padding rows inside a group).
+        """
+        if x.dim() != 2 or x.shape[1] != self.d_model:
+            raise ValueError(
+                f"x must have shape [T, d_model={self.d_model}], got {tuple(x.shape)}"
+            )
+        if offs.dim() != 1 or offs.shape[0] != self.num_experts:
+            raise ValueError(
+                f"offs must have shape [num_experts={self.num_experts}], got {tuple(offs.shape)}"
+            )
+        if offs.dtype != torch.int32:
+            raise ValueError(f"offs must be int32, got {offs.dtype}")
+        if x.dtype != self.w_in.dtype:
+            raise ValueError(
+                f"x has dtype {x.dtype} but the expert weights are {self.w_in.dtype}"
+            )
+        h = grouped_mm(x, self.w_in, offs=offs)
+        if self.b_in is not None:
+            h = self._add_bias(h, self.b_in, offs)
+        if self.activation == "swiglu":
+            gate, up = h.chunk(2, dim=-1)
+            h = F.silu(gate) * up
+        elif self.activation == "gelu":
+            h = F.gelu(h)
+        else:
+            h = F.relu(h)
+        out = grouped_mm(h, self.w_out, offs=offs)
+        if self.b_out is not None:
+            out = self._add_bias(out, self.b_out, offs)
+        return out
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_experts={self.num_experts}, d_model={self.d_model}, d_ff={self.d_ff}, "
+            f"activation={self.activation!r}, bias={self.b_in is not None}"
+        )

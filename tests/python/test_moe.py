@@ -1,0 +1,460 @@
+"""MoE building blocks (groupmm.nn, groupmm.moe) against per-expert nn.Linear loops."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from groupmm.moe import (
+    MoELayer,
+    TopKRouter,
+    load_balancing_loss,
+    permute,
+    unpermute,
+)
+from groupmm.nn import GroupedExperts
+from torch import nn
+
+F64 = torch.float64
+ACTS = ["swiglu", "gelu", "relu"]
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+# ---------------------------------------------------------------- references
+
+
+class LoopExpert(nn.Module):
+    """One expert as plain nn.Linear layers (the independent reference)."""
+
+    def __init__(self, d_model: int, d_ff: int, activation: str, bias: bool) -> None:
+        super().__init__()
+        self.activation = activation
+        self.fc1 = nn.Linear(d_model, d_ff, bias=bias, dtype=F64)
+        self.up = nn.Linear(d_model, d_ff, bias=bias, dtype=F64)
+        self.fc2 = nn.Linear(d_ff, d_model, bias=bias, dtype=F64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.activation == "swiglu":
+            h = F.silu(self.fc1(x)) * self.up(x)
+        elif self.activation == "gelu":
+            h = F.gelu(self.fc1(x))
+        else:
+            h = F.relu(self.fc1(x))
+        return self.fc2(h)
+
+
+def loop_experts_from(ge: GroupedExperts) -> nn.ModuleList:
+    """Per-expert nn.Linear copies of a GroupedExperts' weights."""
+    d_ff, act = ge.d_ff, ge.activation
+    bias = ge.b_in is not None
+    experts = nn.ModuleList()
+    with torch.no_grad():
+        for e in range(ge.num_experts):
+            m = LoopExpert(ge.d_model, d_ff, act, bias)
+            m.fc1.weight.copy_(ge.w_in[e, :, :d_ff].T)
+            m.fc2.weight.copy_(ge.w_out[e].T)
+            if act == "swiglu":
+                m.up.weight.copy_(ge.w_in[e, :, d_ff:].T)
+            if bias:
+                m.fc1.bias.copy_(ge.b_in[e, :d_ff])
+                m.fc2.bias.copy_(ge.b_out[e])
+                if act == "swiglu":
+                    m.up.bias.copy_(ge.b_in[e, d_ff:])
+            experts.append(m)
+    return experts
+
+
+def assert_expert_grads_match(ge: GroupedExperts, loop: nn.ModuleList) -> None:
+    d_ff = ge.d_ff
+    for e, m in enumerate(loop):
+        torch.testing.assert_close(ge.w_in.grad[e, :, :d_ff], m.fc1.weight.grad.T)
+        torch.testing.assert_close(ge.w_out.grad[e], m.fc2.weight.grad.T)
+        if ge.activation == "swiglu":
+            torch.testing.assert_close(ge.w_in.grad[e, :, d_ff:], m.up.weight.grad.T)
+        if ge.b_in is not None:
+            torch.testing.assert_close(ge.b_in.grad[e, :d_ff], m.fc1.bias.grad)
+            torch.testing.assert_close(ge.b_out.grad[e], m.fc2.bias.grad)
+            if ge.activation == "swiglu":
+                torch.testing.assert_close(ge.b_in.grad[e, d_ff:], m.up.bias.grad)
+
+
+def reference_moe(
+    gate: torch.Tensor,
+    top_k: int,
+    normalize: bool,
+    loop: nn.ModuleList,
+    x: torch.Tensor,
+) -> torch.Tensor:
+    """Route token by token with plain ops and run each token through its experts."""
+    probs = torch.softmax(x @ gate.T, dim=-1)
+    top_p, ids = probs.topk(top_k, dim=-1)
+    if normalize:
+        top_p = top_p / top_p.sum(-1, keepdim=True)
+    rows = []
+    for t in range(x.shape[0]):
+        acc = torch.zeros_like(x[t])
+        for j in range(top_k):
+            acc = acc + top_p[t, j] * loop[int(ids[t, j])](x[t : t + 1])[0]
+        rows.append(acc)
+    return torch.stack(rows)
+
+
+def offs_of(counts: list[int]) -> torch.Tensor:
+    return torch.tensor(counts, dtype=torch.long).cumsum(0).to(torch.int32)
+
+
+# ---------------------------------------------------------------- GroupedExperts
+
+
+@pytest.mark.parametrize("activation", ACTS)
+@pytest.mark.parametrize("bias", [False, True])
+def test_grouped_experts_equals_linear_loop(activation: str, bias: bool) -> None:
+    torch.manual_seed(0)
+    counts = [3, 0, 5, 1, 0]  # empty experts in the middle and at the end
+    tail = 2  # rows past offs[-1]
+    ge = GroupedExperts(5, 6, 7, activation=activation, bias=bias, dtype=F64)
+    loop = loop_experts_from(ge)
+    x = torch.randn(sum(counts) + tail, 6, dtype=F64, requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_(True)
+    offs = offs_of(counts)
+
+    y = ge(x, offs)
+    parts, start = [], 0
+    for e, c in enumerate(counts):
+        parts.append(loop[e](x_ref[start : start + c]))
+        start += c
+    parts.append(torch.zeros(tail, 6, dtype=F64))
+    y_ref = torch.cat(parts)
+    torch.testing.assert_close(y, y_ref)
+    assert torch.all(y[-tail:] == 0)
+
+    g = torch.randn_like(y)
+    (y * g).sum().backward()
+    (y_ref * g).sum().backward()
+    torch.testing.assert_close(x.grad, x_ref.grad)
+    assert torch.all(x.grad[-tail:] == 0)
+    assert_expert_grads_match(ge, loop)
+    # Empty experts get exactly zero gradient.
+    for e in (1, 4):
+        assert torch.all(ge.w_in.grad[e] == 0) and torch.all(ge.w_out.grad[e] == 0)
+
+
+def test_grouped_experts_strided_input() -> None:
+    torch.manual_seed(1)
+    ge = GroupedExperts(3, 4, 5, activation="gelu", dtype=F64)
+    base = torch.randn(8, 10, dtype=F64)
+    x = base[:, ::2][:, :4]  # non-contiguous view
+    offs = offs_of([2, 3, 3])
+    torch.testing.assert_close(ge(x, offs), ge(x.contiguous(), offs))
+
+
+def test_grouped_experts_init_like_linear() -> None:
+    torch.manual_seed(0)
+    d_model, d_ff = 64, 96
+    ge = GroupedExperts(4, d_model, d_ff, bias=True)
+    assert ge.w_in.shape == (4, d_model, 2 * d_ff)
+    assert ge.w_out.shape == (4, d_ff, d_model)
+    assert ge.b_in.shape == (4, 2 * d_ff) and ge.b_out.shape == (4, d_model)
+    for w, fan_in in [
+        (ge.w_in, d_model),
+        (ge.w_out, d_ff),
+        (ge.b_in, d_model),
+        (ge.b_out, d_ff),
+    ]:
+        bound = 1 / math.sqrt(fan_in)
+        assert w.abs().max() <= bound
+        # uniform(-b, b) has std b/sqrt(3); nn.Linear's init gives the same.
+        assert abs(w.std().item() - bound / math.sqrt(3)) < 0.1 * bound
+    lin = nn.Linear(d_model, d_ff)
+    assert abs(lin.weight.std().item() - ge.w_in.std().item()) < 0.1 / math.sqrt(d_model)
+    assert not torch.equal(ge.w_in[0], ge.w_in[1])  # experts are not clones
+
+
+def test_grouped_experts_dtype_device_and_repr() -> None:
+    ge = GroupedExperts(2, 4, 8, activation="relu", device="cpu", dtype=torch.bfloat16)
+    assert ge.w_in.dtype == torch.bfloat16 and ge.w_in.device.type == "cpu"
+    assert ge.b_in is None and ge.w_in.shape == (2, 4, 8)
+    assert repr(ge) == (
+        "GroupedExperts(num_experts=2, d_model=4, d_ff=8, activation='relu', bias=False)"
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_grouped_experts_low_precision(dtype: torch.dtype) -> None:
+    torch.manual_seed(2)
+    ge = GroupedExperts(3, 16, 32, bias=True, dtype=F64)
+    x = torch.randn(12, 16, dtype=F64)
+    offs = offs_of([5, 0, 7])
+    ref = ge(x, offs)
+    ge_lp = GroupedExperts(3, 16, 32, bias=True, dtype=dtype)
+    ge_lp.load_state_dict({k: v.to(dtype) for k, v in ge.state_dict().items()})
+    out = ge_lp(x.to(dtype), offs)
+    assert out.dtype == dtype
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(out.double(), ref, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "name"),
+    [
+        ({"num_experts": 0}, ValueError, "num_experts"),
+        ({"num_experts": 2.5}, TypeError, "num_experts"),
+        ({"d_model": -1}, ValueError, "d_model"),
+        ({"d_ff": 0}, ValueError, "d_ff"),
+        ({"activation": "tanh"}, ValueError, "activation"),
+        ({"bias": "yes"}, TypeError, "bias"),
+        ({"dtype": torch.int32}, ValueError, "dtype"),
+    ],
+)
+def test_grouped_experts_bad_args(kwargs: dict, exc: type, name: str) -> None:
+    args = {"num_experts": 2, "d_model": 4, "d_ff": 8} | kwargs
+    with pytest.raises(exc, match=name):
+        GroupedExperts(**args)
+
+
+def test_grouped_experts_bad_forward_args() -> None:
+    ge = GroupedExperts(2, 4, 8, dtype=F64)
+    x = torch.randn(3, 4, dtype=F64)
+    with pytest.raises(ValueError, match="x must have shape"):
+        ge(torch.randn(3, 5, dtype=F64), offs_of([1, 2]))
+    with pytest.raises(ValueError, match="offs must have shape"):
+        ge(x, offs_of([1, 1, 1]))
+    with pytest.raises(ValueError, match="offs must be int32"):
+        ge(x, offs_of([1, 2]).long())
+    with pytest.raises(ValueError, match="dtype"):
+        ge(x.float(), offs_of([1, 2]))
+
+
+def test_grouped_experts_gradcheck() -> None:
+    torch.manual_seed(3)
+    ge = GroupedExperts(3, 3, 4, activation="swiglu", bias=True, dtype=F64)
+    x = torch.randn(6, 3, dtype=F64, requires_grad=True)
+    offs = offs_of([2, 0, 3])  # one empty expert, one row past the end
+    names = [n for n, _ in ge.named_parameters()]
+    params = [p.detach().clone().requires_grad_(True) for p in ge.parameters()]
+
+    def f(x: torch.Tensor, *ps: torch.Tensor) -> torch.Tensor:
+        return torch.func.functional_call(ge, dict(zip(names, ps)), (x, offs))
+
+    assert torch.autograd.gradcheck(f, (x, *params))
+
+
+# ---------------------------------------------------------------- permute / unpermute
+
+
+@pytest.mark.parametrize("top_k", [1, 2])
+@pytest.mark.parametrize("pad_to", [None, 1, 8, 16, 128])
+def test_permute_unpermute_round_trip(top_k: int, pad_to: int | None) -> None:
+    torch.manual_seed(4)
+    T, D, E = 11, 3, 6
+    x = torch.randn(T, D, dtype=F64)
+    # Only experts 0, 2 and 5 are used: 1, 3, 4 are empty.
+    choices = torch.tensor([0, 2, 5])
+    ids = torch.stack([torch.randperm(3)[:top_k] for _ in range(T)])
+    ids = choices[ids]
+    p = permute(x, ids, E, pad_to=pad_to)
+
+    flat = ids.reshape(-1).tolist()
+    counts = [flat.count(e) for e in range(E)]
+    assert p.counts.tolist() == counts
+    assert p.offs.dtype == torch.int32 and p.offs.shape == (E,)
+    m = pad_to or 1
+    padded = [-(-c // m) * m for c in counts]
+    assert p.offs.tolist() == torch.tensor(padded).cumsum(0).tolist()
+    assert p.tokens.shape == (T * top_k + (E * (m - 1) if m > 1 else 0), D)
+    assert p.inverse.shape == (T, top_k)
+
+    # Every group holds exactly its tokens, in token order, then zero padding.
+    start = 0
+    for e in range(E):
+        mine = [t for t in range(T) for j in range(top_k) if int(ids[t, j]) == e]
+        group = p.tokens[start : start + padded[e]]
+        torch.testing.assert_close(group[: counts[e]], x[mine])
+        assert torch.all(group[counts[e] :] == 0)
+        start += padded[e]
+    assert torch.all(p.tokens[start:] == 0)
+    # inverse points each (token, slot) at its row.
+    for t in range(T):
+        for j in range(top_k):
+            torch.testing.assert_close(p.tokens[p.inverse[t, j]], x[t])
+
+    w = torch.rand(T, top_k, dtype=F64)
+    torch.testing.assert_close(unpermute(p.tokens, p.inverse, w), w.sum(1, True) * x)
+    torch.testing.assert_close(unpermute(p.tokens, p.inverse), top_k * x)
+
+
+def test_permute_is_differentiable() -> None:
+    torch.manual_seed(5)
+    x = torch.randn(7, 4, dtype=F64, requires_grad=True)
+    ids = torch.randint(0, 3, (7, 2))
+    w = torch.rand(7, 2, dtype=F64, requires_grad=True)
+
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        p = permute(x, ids, 3, pad_to=4)
+        return unpermute(p.tokens * 2.0, p.inverse, w)
+
+    assert torch.autograd.gradcheck(f, (x, w))
+
+
+def test_permute_bad_args() -> None:
+    x = torch.randn(4, 3)
+    with pytest.raises(ValueError, match="expert_ids"):
+        permute(x, torch.zeros(5, 1, dtype=torch.long), 2)
+    with pytest.raises(ValueError, match="expert_ids"):
+        permute(x, torch.zeros(4, 1), 2)
+    with pytest.raises(ValueError, match="tokens"):
+        permute(x[0], torch.zeros(4, 1, dtype=torch.long), 2)
+    with pytest.raises(ValueError, match="pad_to"):
+        permute(x, torch.zeros(4, 1, dtype=torch.long), 2, pad_to=0)
+    with pytest.raises(ValueError, match="gate_weights"):
+        unpermute(x, torch.zeros(4, 2, dtype=torch.long), torch.ones(4, 3))
+
+
+# ---------------------------------------------------------------- router
+
+
+def test_router_top_k_and_aux_loss() -> None:
+    torch.manual_seed(6)
+    r = TopKRouter(5, 4, 2, aux_loss_coef=0.5, dtype=F64)
+    x = torch.randn(9, 5, dtype=F64)
+    out = r(x)
+    probs = torch.softmax(x @ r.gate.weight.detach().T, -1)
+    torch.testing.assert_close(out.probs, probs)
+    for t in range(9):
+        order = sorted(range(4), key=lambda e: -float(probs[t, e]))[:2]
+        assert out.expert_ids[t].tolist() == order
+        raw = probs[t, order]
+        torch.testing.assert_close(out.weights[t], raw / raw.sum())
+    frac = torch.tensor([(out.expert_ids == e).sum().item() / 18 for e in range(4)], dtype=F64)
+    torch.testing.assert_close(out.aux_loss, 0.5 * 4 * (frac * probs.mean(0)).sum())
+    out.aux_loss.backward()
+    assert r.gate.weight.grad is not None and r.gate.weight.grad.abs().sum() > 0
+
+    # Uniform routing gives a balance loss of exactly 1.
+    uniform = torch.full((8, 4), 0.25, dtype=F64)
+    ids = torch.arange(8).remainder(4).unsqueeze(1)
+    torch.testing.assert_close(load_balancing_loss(uniform, ids), torch.tensor(1.0, dtype=F64))
+
+
+def test_router_top1_keeps_raw_probability() -> None:
+    torch.manual_seed(7)
+    r = TopKRouter(5, 4, 1, aux_loss_coef=0.0)
+    out = r(torch.randn(6, 5))
+    assert not r.normalize
+    torch.testing.assert_close(out.weights[:, 0], out.probs.max(-1).values)
+    assert out.aux_loss.item() == 0.0
+    with pytest.raises(ValueError, match="top_k"):
+        TopKRouter(5, 4, 5)
+
+
+# ---------------------------------------------------------------- MoELayer
+
+
+@pytest.mark.parametrize(
+    ("top_k", "activation", "bias", "pad_to"),
+    [
+        (1, "swiglu", False, None),
+        (2, "swiglu", False, None),
+        (2, "gelu", True, 8),
+        (1, "relu", True, 16),
+        (3, "swiglu", False, 128),
+    ],
+)
+def test_moe_layer_equals_loop(top_k: int, activation: str, bias: bool, pad_to: int | None) -> None:
+    torch.manual_seed(8)
+    layer = MoELayer(6, 10, 5, top_k, activation=activation, bias=bias, pad_to=pad_to, dtype=F64)
+    loop = loop_experts_from(layer.experts)
+    x = torch.randn(2, 7, 6, dtype=F64, requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_(True)
+    gate_ref = layer.router.gate.weight.detach().clone().requires_grad_(True)
+
+    y = layer(x)
+    assert y.shape == x.shape
+    y_ref = reference_moe(gate_ref, top_k, layer.router.normalize, loop, x_ref.view(-1, 6))
+    torch.testing.assert_close(y.view(-1, 6), y_ref)
+
+    g = torch.randn_like(y_ref)
+    (y.view(-1, 6) * g).sum().backward()
+    (y_ref * g).sum().backward()
+    torch.testing.assert_close(x.grad, x_ref.grad)
+    torch.testing.assert_close(layer.router.gate.weight.grad, gate_ref.grad)
+    assert_expert_grads_match(layer.experts, loop)
+    assert layer.aux_loss is not None and layer.aux_loss.ndim == 0
+
+
+def test_moe_layer_gradcheck() -> None:
+    torch.manual_seed(9)
+    layer = MoELayer(3, 4, 3, 2, pad_to=4, aux_loss_coef=0.1, dtype=F64)
+    x = torch.randn(5, 3, dtype=F64, requires_grad=True)
+    names = [n for n, _ in layer.named_parameters()]
+    params = [p.detach().clone().requires_grad_(True) for p in layer.parameters()]
+
+    def f(x: torch.Tensor, *ps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.func.functional_call(
+            layer, dict(zip(names, ps)), (x,), {"return_aux_loss": True}
+        )
+
+    assert torch.autograd.gradcheck(f, (x, *params))
+
+
+def test_moe_layer_padding_does_not_change_result() -> None:
+    torch.manual_seed(10)
+    a = MoELayer(8, 16, 4, 2, dtype=F64)
+    b = MoELayer(8, 16, 4, 2, pad_to=16, dtype=F64)
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(13, 8, dtype=F64)
+    torch.testing.assert_close(a(x), b(x))
+
+
+def _check_compiled_layer(backend: str) -> None:
+    torch.manual_seed(11)
+    torch._dynamo.reset()
+    layer = MoELayer(8, 16, 4, 2, pad_to=8)
+    compiled = torch.compile(layer, fullgraph=True, backend=backend)
+    x = torch.randn(12, 8, requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_(True)
+
+    y, aux = compiled(x, return_aux_loss=True)
+    (y.square().sum() + aux).backward()
+    grads = [p.grad.clone() for p in layer.parameters()]
+    layer.zero_grad()
+    y_ref, aux_ref = layer(x_ref, return_aux_loss=True)
+    (y_ref.square().sum() + aux_ref).backward()
+
+    torch.testing.assert_close(y, y_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(aux, aux_ref)
+    torch.testing.assert_close(x.grad, x_ref.grad, atol=1e-5, rtol=1e-5)
+    for g, p in zip(grads, layer.parameters()):
+        torch.testing.assert_close(g, p.grad, atol=1e-5, rtol=1e-5)
+
+
+def test_moe_layer_compile_fullgraph_trace() -> None:
+    """Dynamo (fullgraph) + AOTAutograd tracing, forward and backward: no graph breaks."""
+    _check_compiled_layer("aot_eager")
+
+
+@pytest.mark.slow
+def test_moe_layer_compile_fullgraph_inductor() -> None:
+    """Same through Inductor code generation (tens of seconds on 2 cores)."""
+    _check_compiled_layer("inductor")
+
+
+@requires_cuda
+def test_moe_layer_cuda_no_host_sync() -> None:
+    torch.manual_seed(12)
+    layer = MoELayer(16, 32, 8, 2, pad_to=8, device="cuda")
+    x = torch.randn(64, 16, device="cuda", requires_grad=True)
+    ref = MoELayer(16, 32, 8, 2, pad_to=8, dtype=F64)
+    ref.load_state_dict({k: v.cpu().double() for k, v in layer.state_dict().items()})
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        y, aux = layer(x, return_aux_loss=True)
+        (y.square().sum() + aux).backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.testing.assert_close(
+        y.cpu().double(), ref(x.detach().cpu().double()), atol=1e-4, rtol=1e-4
+    )
