@@ -16,6 +16,7 @@
 
 pub mod api;
 pub mod cpu;
+pub mod cuda;
 pub mod dtype;
 pub mod error;
 pub mod gradcheck;

@@ -122,16 +122,12 @@ class TopKRouter(nn.Module):
             raise ValueError(f"aux_loss_coef must be >= 0, got {aux_loss_coef}")
         self.normalize = top_k > 1 if normalize is None else bool(normalize)
         self.aux_loss_coef = float(aux_loss_coef)
-        self.gate = nn.Linear(
-            d_model, num_experts, bias=False, device=device, dtype=dtype
-        )
+        self.gate = nn.Linear(d_model, num_experts, bias=False, device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> RouterOutput:
         """Route ``x`` of shape ``[T, d_model]``."""
         if x.dim() != 2 or x.shape[1] != self.d_model:
-            raise ValueError(
-                f"x must have shape [T, d_model={self.d_model}], got {tuple(x.shape)}"
-            )
+            raise ValueError(f"x must have shape [T, d_model={self.d_model}], got {tuple(x.shape)}")
         logits = self.gate(x)
         compute_dtype = torch.promote_types(logits.dtype, torch.float32)
         probs = logits.to(compute_dtype).softmax(dim=-1)
@@ -195,13 +191,9 @@ def permute(
             f"got {tuple(expert_ids.shape)}"
         )
     if expert_ids.dtype.is_floating_point or expert_ids.dtype == torch.bool:
-        raise ValueError(
-            f"expert_ids must be an integer tensor, got {expert_ids.dtype}"
-        )
+        raise ValueError(f"expert_ids must be an integer tensor, got {expert_ids.dtype}")
     if expert_ids.device != tokens.device:
-        raise ValueError(
-            f"expert_ids is on {expert_ids.device} but tokens is on {tokens.device}"
-        )
+        raise ValueError(f"expert_ids is on {expert_ids.device} but tokens is on {tokens.device}")
     num_tokens, top_k = expert_ids.shape
     device = tokens.device
     flat = expert_ids.reshape(-1).long()
@@ -225,9 +217,7 @@ def permute(
         # sorted position i of expert e lands at padded_starts[e] + (i - starts[e]).
         dest = torch.arange(n, device=device) + (padded_starts - starts)[sorted_ids]
         capacity = n + num_experts * (pad_to - 1)
-        sorted_tokens = tokens.new_zeros(capacity, tokens.shape[1]).index_copy(
-            0, dest, source
-        )
+        sorted_tokens = tokens.new_zeros(capacity, tokens.shape[1]).index_copy(0, dest, source)
 
     inverse = torch.empty_like(dest).scatter(0, order, dest).view(num_tokens, top_k)
     return Permuted(sorted_tokens, offs.to(torch.int32), inverse, counts)
@@ -250,9 +240,7 @@ def unpermute(
         ``expert_out``'s dtype.
     """
     if expert_out.dim() != 2:
-        raise ValueError(
-            f"expert_out must have shape [R, D], got {tuple(expert_out.shape)}"
-        )
+        raise ValueError(f"expert_out must have shape [R, D], got {tuple(expert_out.shape)}")
     if inverse.dim() == 1:
         inverse = inverse.unsqueeze(1)
     num_tokens, top_k = inverse.shape

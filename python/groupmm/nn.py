@@ -82,9 +82,7 @@ class GroupedExperts(nn.Module):
         self.d_model = _check_positive_int("d_model", d_model)
         self.d_ff = _check_positive_int("d_ff", d_ff)
         if activation not in ACTIVATIONS:
-            raise ValueError(
-                f"activation must be one of {ACTIVATIONS}, got {activation!r}"
-            )
+            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
         if not isinstance(bias, bool):
             raise TypeError(f"bias must be a bool, got {bias!r}")
         if dtype is not None and not dtype.is_floating_point:
@@ -135,9 +133,7 @@ class GroupedExperts(nn.Module):
             all-zero padding rows inside a group).
         """
         if x.dim() != 2 or x.shape[1] != self.d_model:
-            raise ValueError(
-                f"x must have shape [T, d_model={self.d_model}], got {tuple(x.shape)}"
-            )
+            raise ValueError(f"x must have shape [T, d_model={self.d_model}], got {tuple(x.shape)}")
         if offs.dim() != 1 or offs.shape[0] != self.num_experts:
             raise ValueError(
                 f"offs must have shape [num_experts={self.num_experts}], got {tuple(offs.shape)}"
@@ -145,9 +141,7 @@ class GroupedExperts(nn.Module):
         if offs.dtype != torch.int32:
             raise ValueError(f"offs must be int32, got {offs.dtype}")
         if x.dtype != self.w_in.dtype:
-            raise ValueError(
-                f"x has dtype {x.dtype} but the expert weights are {self.w_in.dtype}"
-            )
+            raise ValueError(f"x has dtype {x.dtype} but the expert weights are {self.w_in.dtype}")
         h = grouped_mm(x, self.w_in, offs=offs)
         if self.b_in is not None:
             h = self._add_bias(h, self.b_in, offs)
