@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# On a GPU machine with torch: install a prebuilt groupmm wheel, run the whole test suite
+# (CUDA tests included), compute-sanitizer (memcheck, racecheck, synccheck) and the
+# benchmark; print a summary table last.
+#   bash scripts/gpu-check.sh [WHEEL_DIR] [--no-bench] [--quick-bench]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+whl_dir=${1:-wheelhouse}
+OUT=${OUT:-/tmp/gpu-check}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --target /tmp/site "$whl_dir"/*.whl || exit 2
+export PYTHONPATH=/tmp/site
+declare -A res
+step() {  # name, command...
+  local name=$1; shift
+  local t0=$(date +%s)
+  echo "=== $name: $*"
+  "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  tail -n 25 "$OUT/$name.log"
+  res[$name]="rc=$rc $(( $(date +%s) - t0 ))s $(grep -E -o '[0-9]+ passed[^=]*|ERROR SUMMARY: [0-9]+ errors?|RACECHECK SUMMARY: [0-9]+ hazards?[^\n]*|demo: [a-z ]+' "$OUT/$name.log" | tail -n 1)"
+}
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+step info python3 -c "import groupmm, torch; print(groupmm.build_info(), torch.__version__, torch.cuda.get_device_name())"
+step demo python3 -m groupmm.demo
+step pytest python3 -m pytest -q -p no:cacheprovider tests/python -x -q
+step memcheck compute-sanitizer --tool memcheck --error-exitcode 9 python3 scripts/sanitize_cases.py
+step racecheck compute-sanitizer --tool racecheck --error-exitcode 9 python3 scripts/sanitize_cases.py
+step synccheck compute-sanitizer --tool synccheck --error-exitcode 9 python3 scripts/sanitize_cases.py
+case " $* " in
+  *" --no-bench "*) ;;
+  *" --quick-bench "*) step bench python3 benches/bench_gpu.py --quick --json "$OUT/bench.json" --png "$OUT/bench.png" ;;
+  *) step bench python3 benches/bench_gpu.py --json "$OUT/bench.json" --png "$OUT/bench.png" ;;
+esac
+echo
+echo "== summary ($(nvidia-smi --query-gpu=name --format=csv,noheader | head -1))"
+for k in info demo pytest memcheck racecheck synccheck bench; do
+  [ -n "${res[$k]:-}" ] && printf '%-10s %s\n' "$k" "${res[$k]}"
+done

@@ -1,0 +1,60 @@
+"""Small CUDA cases for compute-sanitizer (memcheck, racecheck, synccheck): every form and
+dtype, forward and backward, the list form, K = 0, and bad offs (decreasing, negative,
+past the end) that must never read or write out of bounds.
+
+    compute-sanitizer --tool memcheck --error-exitcode 9 python3 scripts/sanitize_cases.py
+"""
+
+import sys
+
+import torch
+
+import groupmm
+
+
+def main() -> int:
+    dev = "cuda"
+    torch.manual_seed(0)
+    n = 0
+    for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.float64):
+        for counts in ([5, 0, 9, 3], [0, 0, 0, 0], [1, 2, 3, 4]):
+            G = len(counts)
+            T = sum(counts) + 2
+            offs = torch.tensor(counts, device=dev).cumsum(0).to(torch.int32)
+            K, N, M = 24, 17, 9
+            cases = [
+                (torch.randn(T, K), torch.randn(G, K, N), offs),
+                (torch.randn(M, T), torch.randn(T, N), offs),
+                (torch.randn(G, M, K), torch.randn(K, T), offs),
+                (torch.randn(G, M, K), torch.randn(G, K, N), None),
+            ]
+            for a, b, o in cases:
+                a = a.to(dev, dtype).requires_grad_()
+                b = b.to(dev, dtype).requires_grad_()
+                y = groupmm.grouped_mm(a, b, offs=o)
+                y.backward(torch.randn_like(y))
+                n += 1
+        As = [torch.randn(m, k, device=dev, dtype=dtype) for m, k in [(3, 5), (0, 4), (6, 0), (7, 9)]]
+        Bs = [torch.randn(k, n_, device=dev, dtype=dtype) for k, n_ in [(5, 2), (4, 3), (0, 5), (9, 8)]]
+        groupmm.grouped_mm(As, Bs)
+        n += 1
+    x = torch.randn(20, 16, device=dev, dtype=torch.bfloat16)
+    w = torch.randn(3, 16, 8, device=dev, dtype=torch.bfloat16)
+    for bad in ([5, 3, 20], [-4, 10, 12], [5, 10, 10_000], [2**31 - 1, -(2**31), 7]):
+        offs = torch.tensor(bad, dtype=torch.int32, device=dev)
+        groupmm.grouped_mm(x, w, offs=offs)
+        groupmm.grouped_mm(x.t().contiguous(), x, offs=offs)  # [K,T] x [T,K] -> [G,K,K]
+        groupmm.grouped_mm(w.transpose(1, 2).contiguous(), x, offs=offs)  # [G,8,16] x [16,20]
+        torch.cuda.synchronize()
+        try:
+            groupmm._native.take_offs_error(0)
+        except Exception:
+            pass
+        n += 3
+    torch.cuda.synchronize()
+    print(f"sanitize cases: {n} calls done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
