@@ -160,12 +160,24 @@ fn tiles<TI, TO>(gemms: &[Gemm<TI, TO>]) -> Vec<Gemm<TI, TO>> {
 /// `(m, n)`; no two output elements (within or across GEMMs) may share memory, and no
 /// output may overlap an input.
 pub unsafe fn run<TI: Element, TO: Element>(gemms: &[Gemm<TI, TO>]) {
+    let total: usize = gemms.iter().map(|g| g.m * g.n * g.k.max(1)).sum();
+    if total < SERIAL_MACS {
+        // Waking the pool costs more than this much arithmetic.
+        for g in gemms.iter().filter(|g| g.m > 0 && g.n > 0) {
+            // SAFETY: caller's contract.
+            unsafe { run_tile(g) }
+        }
+        return;
+    }
     let tasks = tiles(gemms);
     tasks.par_iter().for_each(|t| {
         // SAFETY: each tile is a disjoint sub-block of a valid GEMM (caller's contract).
         unsafe { run_tile(t) }
     });
 }
+
+/// Products smaller than this many multiply-adds run on the calling thread.
+const SERIAL_MACS: usize = 1 << 16;
 
 unsafe fn zero_fill<TO: Element>(g: &Gemm<impl Sized, TO>) {
     for i in 0..g.m {
