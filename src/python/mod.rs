@@ -67,7 +67,12 @@ fn resolve_out_dtype(
         Kind::Torch => Torch::get(py)?.and_then(|t| t.dtype_of(py, od)),
         Kind::Numpy => {
             let np = py.import("numpy")?;
-            let d = np.call_method1("dtype", (od,))?;
+            let d = np.call_method1("dtype", (od,)).map_err(|_| {
+                Error::Dtype(format!(
+                    "out_dtype: expected None or a numpy float dtype, found {}",
+                    od.str().map(|s| s.to_string()).unwrap_or_else(|_| "?".into())
+                ))
+            })?;
             [("float16", DType::F16), ("float32", DType::F32), ("float64", DType::F64)]
                 .into_iter()
                 .find(|(n, _)| d.eq(*n).unwrap_or(false))
@@ -77,8 +82,9 @@ fn resolve_out_dtype(
     match found {
         Some(d) if d == input || (d == DType::F32 && input.is_16bit()) => Ok(d),
         _ => Err(Error::Dtype(format!(
-            "out_dtype: expected None, the input dtype {} or torch.float32 for 16-bit inputs, found {}",
+            "out_dtype: expected None or the input dtype {}{}, found {}",
             input.torch_name(),
+            if input.is_16bit() { " or torch.float32" } else { "" },
             od.str()?
         ))
         .into()),
@@ -118,6 +124,22 @@ fn same_as(x: &Arg<'_>, reference: &Arg<'_>) -> Result<()> {
     Ok(())
 }
 
+fn kind_name(k: Kind) -> &'static str {
+    match k {
+        Kind::Torch => "torch.Tensor",
+        Kind::Numpy => "numpy.ndarray",
+    }
+}
+
+/// `out.flags.writeable` of a numpy output (true when it cannot be read).
+fn is_writeable(out: &Arg<'_>) -> bool {
+    out.obj
+        .getattr("flags")
+        .and_then(|f| f.getattr("writeable"))
+        .and_then(|w| w.extract::<bool>())
+        .unwrap_or(true)
+}
+
 fn overlaps(x: &Arg<'_>, y: &Arg<'_>) -> bool {
     let (a0, a1) = x.byte_range();
     let (b0, b1) = y.byte_range();
@@ -132,7 +154,21 @@ fn check_out_arg(
     like: &Arg<'_>,
     inputs: &[&Arg<'_>],
 ) -> Result<()> {
-    if out.kind != like.kind || out.dev != like.dev {
+    if out.kind != like.kind {
+        return Err(Error::Type(format!(
+            "{}: expected a {} like the inputs, found a {}",
+            out.name,
+            kind_name(like.kind),
+            kind_name(out.kind)
+        )));
+    }
+    if out.kind == Kind::Numpy && !is_writeable(out) {
+        return Err(Error::Value(format!(
+            "{}: the numpy array is read-only (flags.writeable is False)",
+            out.name
+        )));
+    }
+    if out.dev != like.dev {
         return Err(Error::Device(format!(
             "{}: expected a tensor on {} like the inputs, found one on {}",
             out.name, like.dev, out.dev
