@@ -18,13 +18,52 @@ from torch import Tensor
 
 from . import _native
 
+try:
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+except ImportError:  # pragma: no cover - very old torch
+
+    def _get_current_dispatch_mode():
+        return None
+
+
 __all__ = ["grouped_mm", "GroupedMM", "GroupedMMList"]
 
 _is_compiling = torch.compiler.is_compiling
+_PLAIN = (Tensor, torch.nn.Parameter)
 _native_mm = _native.grouped_mm
 _native_mm_bwd = _native.grouped_mm_backward
 _native_list = _native.grouped_mm_list
 _native_list_bwd = _native.grouped_mm_list_backward
+
+
+def _direct(*tensors) -> bool:
+    """True when the Rust extension may be called directly on ``tensors``: plain eager
+    tensors, no compiler, no tracing mode (FakeTensor, functionalization, make_fx).
+    Otherwise the work must go through the ``torch.ops.groupmm`` custom ops so that it is
+    traced instead of run on data that does not exist."""
+    if _is_compiling() or _get_current_dispatch_mode() is not None:
+        return False
+    return all(type(t) in _PLAIN for t in tensors if t is not None)
+
+
+# --------------------------------------------------------------------------- autocast
+
+
+def _autocast_dtype(device_type: str) -> Optional[torch.dtype]:
+    """The autocast dtype for ``device_type`` when autocast is on there, else None."""
+    if device_type not in ("cpu", "cuda"):
+        return None
+    if not torch.is_autocast_enabled(device_type):
+        return None
+    return torch.get_autocast_dtype(device_type)
+
+
+def _cast(t: Tensor, dtype: Optional[torch.dtype]) -> Tensor:
+    """Autocast's rule (``cached_cast``): floating tensors other than float64 go to
+    ``dtype``; the cast is differentiable, so gradients come back in ``t.dtype``."""
+    if dtype is None or not t.is_floating_point() or t.dtype in (torch.float64, dtype):
+        return t
+    return t.to(dtype)
 
 
 # --------------------------------------------------------------------------- fake shapes
@@ -63,7 +102,9 @@ def _check_fake_dtypes(a: Tensor, b: Tensor, offs: Optional[Tensor]) -> None:
 
 
 @torch.library.custom_op("groupmm::grouped_mm", mutates_args=())
-def _op_mm(a: Tensor, b: Tensor, offs: Optional[Tensor], out_dtype: Optional[torch.dtype]) -> Tensor:
+def _op_mm(
+    a: Tensor, b: Tensor, offs: Optional[Tensor], out_dtype: Optional[torch.dtype]
+) -> Tensor:
     return _native_mm(a, b, offs, out_dtype)
 
 
@@ -163,7 +204,7 @@ def _backward_products(grad, a, b, offs, need_a, need_b):
         return None, None
     if grad.dtype != a.dtype:  # out_dtype=float32 from 16-bit inputs
         grad = grad.to(a.dtype)
-    if torch.is_grad_enabled() or _is_compiling():
+    if torch.is_grad_enabled() or not _direct(grad, a, b, offs):
         da, db = torch.ops.groupmm.grouped_mm_backward(grad, a, b, offs, need_a, need_b)
         return (da if need_a else None), (db if need_b else None)
     return _native_mm_bwd(grad, a, b, offs, need_a, need_b)
@@ -174,10 +215,10 @@ class GroupedMM(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, a, b, offs, out_dtype):
-        if _is_compiling():
-            out = torch.ops.groupmm.grouped_mm(a, b, offs, out_dtype)
-        else:
+        if _direct(a, b, offs):
             out = _native_mm(a, b, offs, out_dtype)
+        else:
+            out = torch.ops.groupmm.grouped_mm(a, b, offs, out_dtype)
         ctx.save_for_backward(a, b, offs)
         return out
 
@@ -194,9 +235,7 @@ class GroupedMM(torch.autograd.Function):
 
 
 @torch.library.custom_op("groupmm::grouped_mm_list", mutates_args=())
-def _op_list(
-    As: List[Tensor], Bs: List[Tensor], out_dtype: Optional[torch.dtype]
-) -> List[Tensor]:
+def _op_list(As: List[Tensor], Bs: List[Tensor], out_dtype: Optional[torch.dtype]) -> List[Tensor]:
     return list(_native_list(As, Bs, out_dtype))
 
 
@@ -206,12 +245,50 @@ def _(As, Bs, out_dtype):
         raise ValueError(
             f"As and Bs: expected sequences of the same length, found {len(As)} and {len(Bs)}"
         )
-    outs = []
+    return [
+        a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype or a.dtype)
+        for a, b in _check_fake_list(As, Bs)
+    ]
+
+
+def _check_fake_list(As, Bs):
     for i, (a, b) in enumerate(zip(As, Bs)):
-        if a.dim() != 2 or b.dim() != 2:
-            raise ValueError(f"As[{i}], Bs[{i}]: expected 2-D tensors")
-        outs.append(a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype or a.dtype))
-    return outs
+        if a.dim() != 2:
+            raise ValueError(f"As[{i}]: expected a 2-D tensor [M, K], found {a.dim()}-D")
+        if b.dim() != 2:
+            raise ValueError(f"Bs[{i}]: expected a 2-D tensor [K, N], found {b.dim()}-D")
+        if _concrete(a.shape, b.shape) and b.shape[0] != a.shape[1]:
+            raise ValueError(
+                f"Bs[{i}]: expected shape [K={a.shape[1]}, N] (K = As[{i}].shape[1]), "
+                f"found {list(b.shape)}"
+            )
+        if a.dtype != As[0].dtype or b.dtype != As[0].dtype:
+            raise TypeError(f"As[{i}], Bs[{i}]: expected dtype {As[0].dtype} (the dtype of As[0])")
+    return list(zip(As, Bs))
+
+
+@torch.library.custom_op("groupmm::grouped_mm_list_out", mutates_args=("out",))
+def _op_list_out(
+    As: List[Tensor], Bs: List[Tensor], out_dtype: Optional[torch.dtype], out: List[Tensor]
+) -> None:
+    _native_list(As, Bs, out_dtype, out)
+
+
+@_op_list_out.register_fake
+def _(As, Bs, out_dtype, out):
+    if len(As) != len(Bs) or len(out) != len(As):
+        raise ValueError(
+            f"As, Bs and out: expected sequences of the same length, found {len(As)}, "
+            f"{len(Bs)} and {len(out)}"
+        )
+    for i, (a, b) in enumerate(_check_fake_list(As, Bs)):
+        if _concrete(out[i].shape, a.shape, b.shape) and list(out[i].shape) != [
+            a.shape[0],
+            b.shape[1],
+        ]:
+            raise ValueError(
+                f"out[{i}]: expected shape {[a.shape[0], b.shape[1]]}, found {list(out[i].shape)}"
+            )
 
 
 @torch.library.custom_op("groupmm::grouped_mm_list_backward", mutates_args=())
@@ -278,7 +355,7 @@ _op_list_bwd.register_autograd(_list_bwd_backward, setup_context=_list_bwd_setup
 
 def _list_backward_products(grads, As, Bs, need_a, need_b):
     grads = [g if g.dtype == a.dtype else g.to(a.dtype) for g, a in zip(grads, As)]
-    if torch.is_grad_enabled() or _is_compiling():
+    if torch.is_grad_enabled() or not _direct(*grads, *As, *Bs):
         da, db = torch.ops.groupmm.grouped_mm_list_backward(grads, As, Bs, need_a, need_b)
         return (da if need_a else None), (db if need_b else None)
     da, db = _native_list_bwd(grads, As, Bs, need_a, need_b)
@@ -291,7 +368,10 @@ class GroupedMMList(torch.autograd.Function):
     @staticmethod
     def forward(ctx, out_dtype, n, *tensors):
         As, Bs = list(tensors[:n]), list(tensors[n:])
-        outs = _native_list(As, Bs, out_dtype)
+        if _direct(*As, *Bs):
+            outs = _native_list(As, Bs, out_dtype)
+        else:
+            outs = torch.ops.groupmm.grouped_mm_list(As, Bs, out_dtype)
         ctx.n = n
         ctx.save_for_backward(*As, *Bs)
         return tuple(outs)
@@ -310,6 +390,7 @@ class GroupedMMList(torch.autograd.Function):
 
 
 # --------------------------------------------------------------------------- public API
+
 
 def grouped_mm(
     a,
@@ -361,24 +442,50 @@ def grouped_mm(
     if not (isinstance(a, Tensor) and isinstance(b, Tensor)):
         # numpy arrays, or bad arguments that the extension reports by name
         return _native_mm(a, b, offs, out_dtype, out)
-    if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
-        raise TypeError(f"out_dtype: expected a torch.dtype or None, found {type(out_dtype).__name__}")
-    needs_grad = torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)
+    _check_out_dtype(out_dtype)
+    direct = _direct(a, b, offs)
     if out is not None:
-        if needs_grad:
-            raise RuntimeError(
-                "out: grouped_mm(..., out=...) does not support automatic differentiation, "
-                "but an input requires grad"
-            )
-        if _is_compiling():
-            torch.ops.groupmm.grouped_mm_out(a, b, offs, out_dtype, out)
-            return out
-        return _native_mm(a, b, offs, out_dtype, out)
-    if _is_compiling():
+        if not isinstance(out, Tensor):
+            raise TypeError(f"out: expected a torch.Tensor, found {type(out).__name__}")
+        _check_out_grad(out, (a, b))
+        # like torch.mm(out=): autocast does not apply to out= calls
+        if direct:
+            return _native_mm(a, b, offs, out_dtype, out)
+        torch.ops.groupmm.grouped_mm_out(a, b, offs, out_dtype, out)
+        return out
+    if not direct:
+        # compiling or tracing: the custom op (autograd and autocast registered on it)
         return torch.ops.groupmm.grouped_mm(a, b, offs, out_dtype)
-    if needs_grad:
+    cast = _autocast_dtype(a.device.type)
+    if cast is not None:
+        a, b = _cast(a, cast), _cast(b, cast)
+    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
         return GroupedMM.apply(a, b, offs, out_dtype)
     return _native_mm(a, b, offs, out_dtype)
+
+
+def _check_out_dtype(out_dtype) -> None:
+    if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
+        raise TypeError(
+            f"out_dtype: expected a torch.dtype or None, found {type(out_dtype).__name__}"
+        )
+
+
+def _check_out_grad(out, inputs) -> None:
+    """``out=`` is not differentiable (like ``torch.mm(out=)``)."""
+    if not torch.is_grad_enabled():
+        return
+    if any(isinstance(x, Tensor) and x.requires_grad for x in inputs):
+        raise RuntimeError(
+            "out: grouped_mm(..., out=...) does not support automatic differentiation, "
+            "but an input requires grad"
+        )
+    outs = out if isinstance(out, (list, tuple)) else (out,)
+    if any(isinstance(o, Tensor) and o.requires_grad for o in outs):
+        raise RuntimeError(
+            "out: grouped_mm(..., out=...) does not support automatic differentiation, "
+            "but out requires grad"
+        )
 
 
 def _grouped_mm_list(As: Sequence, Bs: Sequence, out_dtype, out):
@@ -386,19 +493,71 @@ def _grouped_mm_list(As: Sequence, Bs: Sequence, out_dtype, out):
         raise TypeError(f"Bs: expected a list of 2-D tensors like As, found {type(Bs).__name__}")
     tensors = all(isinstance(x, Tensor) for x in As) and all(isinstance(x, Tensor) for x in Bs)
     if not tensors:
+        # numpy arrays, or bad arguments that the extension reports by name
         return list(_native_list(As, Bs, out_dtype, out))
-    needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (*As, *Bs))
+    _check_out_dtype(out_dtype)
+    direct = _direct(*As, *Bs)
     if out is not None:
-        if needs_grad:
-            raise RuntimeError(
-                "out: grouped_mm(..., out=...) does not support automatic differentiation, "
-                "but an input requires grad"
+        if not isinstance(out, (list, tuple)):
+            raise TypeError(
+                f"out: expected a list of tensors (one per group) for the list form, "
+                f"found {type(out).__name__}"
             )
-        return list(_native_list(As, Bs, out_dtype, out))
-    if _is_compiling():
+        if not all(isinstance(o, Tensor) for o in out):
+            bad = next(i for i, o in enumerate(out) if not isinstance(o, Tensor))
+            raise TypeError(f"out[{bad}]: expected a torch.Tensor, found {type(out[bad]).__name__}")
+        _check_out_grad(out, (*As, *Bs))
+        if direct and _direct(*out):
+            return list(_native_list(As, Bs, out_dtype, out))
+        torch.ops.groupmm.grouped_mm_list_out(list(As), list(Bs), out_dtype, list(out))
+        return list(out)
+    if not direct:
         return torch.ops.groupmm.grouped_mm_list(list(As), list(Bs), out_dtype)
-    if needs_grad:
-        if len(As) != len(Bs):
-            return list(_native_list(As, Bs, out_dtype))  # raises the length error
+    if len(As) != len(Bs):
+        return list(_native_list(As, Bs, out_dtype))  # raises the length error
+    if As:
+        cast = _autocast_dtype(As[0].device.type)
+        if cast is not None:
+            As = [_cast(x, cast) for x in As]
+            Bs = [_cast(x, cast) for x in Bs]
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (*As, *Bs)):
         return list(GroupedMMList.apply(out_dtype, len(As), *As, *Bs))
     return list(_native_list(As, Bs, out_dtype))
+
+
+# --------------------------------------------------------------------------- autocast kernels
+
+
+def _register_autocast() -> "torch.library.Library":
+    """Autocast kernels for the forward ops (what ``torch.library.register_autocast``
+    does, but following the *current* autocast dtype rather than a fixed one): cast the
+    floating inputs, then run the op with this device's autocast key excluded so that it
+    does not come back here. Used when the op is called through the dispatcher
+    (``torch.compile``, tracing, ``torch.ops.groupmm.*``); eager calls cast in Python."""
+    lib = torch.library.Library("groupmm", "FRAGMENT")
+    for device_type in ("cpu", "cuda"):
+        if not torch._C._is_autocast_available(device_type):
+            continue
+        key = "Autocast" + torch._C._dispatch_key_for_device(device_type)
+        keyset = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key))
+
+        def mm_kernel(_ks, a, b, offs, out_dtype, _dev=device_type, _keyset=keyset):
+            cast = torch.get_autocast_dtype(_dev)
+            with torch._C._ExcludeDispatchKeyGuard(_keyset):
+                return torch.ops.groupmm.grouped_mm.default(
+                    _cast(a, cast), _cast(b, cast), offs, out_dtype
+                )
+
+        def list_kernel(_ks, As, Bs, out_dtype, _dev=device_type, _keyset=keyset):
+            cast = torch.get_autocast_dtype(_dev)
+            with torch._C._ExcludeDispatchKeyGuard(_keyset):
+                return torch.ops.groupmm.grouped_mm_list.default(
+                    [_cast(x, cast) for x in As], [_cast(x, cast) for x in Bs], out_dtype
+                )
+
+        lib.impl("grouped_mm", mm_kernel, key, with_keyset=True)
+        lib.impl("grouped_mm_list", list_kernel, key, with_keyset=True)
+    return lib
+
+
+_autocast_lib = _register_autocast()
