@@ -70,7 +70,9 @@ fn resolve_out_dtype(
             let d = np.call_method1("dtype", (od,)).map_err(|_| {
                 Error::Dtype(format!(
                     "out_dtype: expected None or a numpy float dtype, found {}",
-                    od.str().map(|s| s.to_string()).unwrap_or_else(|_| "?".into())
+                    od.str()
+                        .map(|s| s.to_string())
+                        .unwrap_or_else(|_| "?".into())
                 ))
             })?;
             [("float16", DType::F16), ("float32", DType::F32), ("float64", DType::F64)]
@@ -84,7 +86,11 @@ fn resolve_out_dtype(
         _ => Err(Error::Dtype(format!(
             "out_dtype: expected None or the input dtype {}{}, found {}",
             input.torch_name(),
-            if input.is_16bit() { " or torch.float32" } else { "" },
+            if input.is_16bit() {
+                " or torch.float32"
+            } else {
+                ""
+            },
             od.str()?
         ))
         .into()),
