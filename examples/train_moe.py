@@ -239,6 +239,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--length", type=int, default=8, help="digits per sequence")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op CPU threads (default 1: this model is too small to gain "
+        "from more, and spinning idle threads slow it down on a busy machine)",
+    )
     p.add_argument("--plot", default="moe_loss.png", help="loss-curve PNG ('' to skip)")
     p.add_argument(
         "--compare-loop",
@@ -252,6 +259,8 @@ def main(argv: list[str] | None = None) -> None:
     if device.type == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda given but CUDA is not available")
 
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     model = MoETransformer(seq_len=2 * args.length).to(device, getattr(torch, args.dtype))
     twin = model.to_loop() if args.compare_loop else None

@@ -22,6 +22,16 @@ ACTS = ["swiglu", "gelu", "relu"]
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_intra_op_thread():
+    """These tensors are tiny: extra intra-op threads only spin, and on a loaded
+    2-core machine they slow the module down about 3x."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 # ---------------------------------------------------------------- references
 
 
@@ -441,6 +451,7 @@ def test_moe_layer_compile_fullgraph_inductor() -> None:
     _check_compiled_layer("inductor")
 
 
+@pytest.mark.cuda
 @requires_cuda
 def test_moe_layer_cuda_no_host_sync() -> None:
     torch.manual_seed(12)
