@@ -116,7 +116,9 @@ def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
     return num / den if den > 1e-30 else num
 
 
-def assert_close_rel(x: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what: str = "") -> None:
+def assert_close_rel(
+    x: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what: str = ""
+) -> None:
     err = rel_err(x, ref)
     assert err <= TOL[dtype], f"{what}: relative error {err:.3e} > {TOL[dtype]:.0e} ({dtype})"
 

@@ -10,14 +10,14 @@ import torch
 from conftest import (
     F64,
     LIST_CASES,
-    assert_close_rel,
     PACKED_CASES,
+    assert_close_rel,
     grad_or_zeros,
     make_list,
     make_packed,
     packed_case_ids,
-    ref_list,
     ref_grads,
+    ref_list,
     ref_packed,
 )
 from groupmm import grouped_mm
