@@ -4,7 +4,9 @@
 mod common;
 
 use common::*;
-use groupmm::api::{self, grouped_mm, grouped_mm_into, grouped_mm_list, grouped_mm_list_to, grouped_mm_to};
+use groupmm::api::{
+    self, grouped_mm, grouped_mm_into, grouped_mm_list, grouped_mm_list_to, grouped_mm_to,
+};
 use groupmm::gradcheck::SplitMix64;
 use groupmm::Element;
 use half::{bf16, f16};
@@ -22,9 +24,25 @@ fn check_case<TI: Element, TO: Element>(c: &Case) {
     let want = ref_forward(c.form, &a, &b, c.offs());
     let mag = ref_forward(c.form, &abs(&a), &abs(&b), c.offs());
     let got = widen(&run::<TI, TO>(c));
-    let what = format!("{:?} {:?}->{:?} a{:?} b{:?} offs {:?}", c.form, TI::DTYPE, TO::DTYPE, c.a.shape(), c.b.shape(), c.offs);
+    let what = format!(
+        "{:?} {:?}->{:?} a{:?} b{:?} offs {:?}",
+        c.form,
+        TI::DTYPE,
+        TO::DTYPE,
+        c.a.shape(),
+        c.b.shape(),
+        c.offs
+    );
     // 16-bit outputs: subnormals of f16 are 2^-24 apart
-    assert_close(&what, &got, &want, &mag, unit_roundoff::<TO>(), k_err::<TI, TO>(c.k()), 1e-7);
+    assert_close(
+        &what,
+        &got,
+        &want,
+        &mag,
+        unit_roundoff::<TO>(),
+        k_err::<TI, TO>(c.k()),
+        1e-7,
+    );
 }
 
 fn check_all_dtypes(c: &Case) {
@@ -67,7 +85,11 @@ fn packed_forms_small_exact() {
 #[test]
 fn zero_groups_every_form() {
     for form in FORMS {
-        let offs = if form == Form::Batched { None } else { Some(vec![]) };
+        let offs = if form == Form::Batched {
+            None
+        } else {
+            Some(vec![])
+        };
         let c = Case::new(form, 0, (3, 4, 5), offs, 1);
         let y = grouped_mm(c.a.view(), c.b.view(), c.offs().map(aview1)).unwrap();
         let want = ref_forward(form, &c.a, &c.b, c.offs());
@@ -91,7 +113,11 @@ fn zero_dims_every_form() {
             let offs = (form != Form::Batched).then(|| vec![0, e as i32 / 2, e as i32]);
             let c = Case::new(form, 3, dims, offs, 2);
             let y = grouped_mm(c.a.view(), c.b.view(), c.offs().map(aview1)).unwrap();
-            assert_eq!(y, ref_forward(form, &c.a, &c.b, c.offs()), "{form:?} {dims:?}");
+            assert_eq!(
+                y,
+                ref_forward(form, &c.a, &c.b, c.offs()),
+                "{form:?} {dims:?}"
+            );
         }
     }
 }
@@ -134,11 +160,24 @@ fn list_edge_cases() {
     assert!(out.is_empty());
     // mixed shapes with zeros
     let mut r = SplitMix64::new(3);
-    let shapes = [(2, 3, 4), (0, 3, 4), (2, 0, 4), (2, 3, 0), (1, 1, 1), (7, 5, 9)];
+    let shapes = [
+        (2, 3, 4),
+        (0, 3, 4),
+        (2, 0, 4),
+        (2, 3, 0),
+        (1, 1, 1),
+        (7, 5, 9),
+    ];
     let a: Vec<ArrayD<f64>> = shapes.iter().map(|&(m, _, k)| r.array(&[m, k])).collect();
     let b: Vec<ArrayD<f64>> = shapes.iter().map(|&(_, n, k)| r.array(&[k, n])).collect();
-    let av: Vec<ArrayView2<f64>> = a.iter().map(|x| x.view().into_dimensionality().unwrap()).collect();
-    let bv: Vec<ArrayView2<f64>> = b.iter().map(|x| x.view().into_dimensionality().unwrap()).collect();
+    let av: Vec<ArrayView2<f64>> = a
+        .iter()
+        .map(|x| x.view().into_dimensionality().unwrap())
+        .collect();
+    let bv: Vec<ArrayView2<f64>> = b
+        .iter()
+        .map(|x| x.view().into_dimensionality().unwrap())
+        .collect();
     let out = grouped_mm_list(&av, &bv).unwrap();
     let want = ref_list(&a, &b);
     for (i, (o, w)) in out.iter().zip(&want).enumerate() {
@@ -166,8 +205,14 @@ fn large_problems_split_into_tiles() {
     let mut r = SplitMix64::new(5);
     let a = [r.array(&[257, 129]), r.array(&[1, 3]), r.array(&[3, 1])];
     let b = [r.array(&[129, 300]), r.array(&[3, 1]), r.array(&[1, 2])];
-    let av: Vec<ArrayView2<f64>> = a.iter().map(|x| x.view().into_dimensionality().unwrap()).collect();
-    let bv: Vec<ArrayView2<f64>> = b.iter().map(|x| x.view().into_dimensionality().unwrap()).collect();
+    let av: Vec<ArrayView2<f64>> = a
+        .iter()
+        .map(|x| x.view().into_dimensionality().unwrap())
+        .collect();
+    let bv: Vec<ArrayView2<f64>> = b
+        .iter()
+        .map(|x| x.view().into_dimensionality().unwrap())
+        .collect();
     let want = ref_list(&a, &b);
     let got = grouped_mm_list(&av, &bv).unwrap();
     for (g, w) in got.iter().zip(&want) {
@@ -210,7 +255,11 @@ fn into_writes_only_the_view_and_honours_its_strides() {
         let view = view.slice_move(s![..;-1, ..]);
         grouped_mm_into(c.a.view(), c.b.view(), c.offs().map(aview1), view).unwrap();
     }
-    let got = buf.slice(s![1..6, 1..10]).reversed_axes().slice_move(s![..;-1, ..]).to_owned();
+    let got = buf
+        .slice(s![1..6, 1..10])
+        .reversed_axes()
+        .slice_move(s![..;-1, ..])
+        .to_owned();
     for (x, y) in got.iter().zip(&want) {
         assert!((x - y).abs() < 1e-12);
     }

@@ -42,7 +42,13 @@ impl Case {
     /// Builds a case of `form` from group count and the dims `(m, n, k)`; for the
     /// offset forms the grouped extent is `m` (rows, `Form::M`), `k` (`Form::K`) or `n`
     /// (`Form::N`).
-    pub fn new(form: Form, g: usize, (m, n, k): (usize, usize, usize), offs: Option<Vec<i32>>, seed: u64) -> Self {
+    pub fn new(
+        form: Form,
+        g: usize,
+        (m, n, k): (usize, usize, usize),
+        offs: Option<Vec<i32>>,
+        seed: u64,
+    ) -> Self {
         let (sa, sb): (Vec<usize>, Vec<usize>) = match form {
             Form::M => (vec![m, k], vec![g, k, n]),
             Form::K => (vec![m, k], vec![k, n]),
@@ -135,7 +141,12 @@ fn groups(offs: &[i32], extent: usize) -> Vec<Option<usize>> {
 }
 
 /// Naive forward from the definition of each form.
-pub fn ref_forward(form: Form, a: &ArrayD<f64>, b: &ArrayD<f64>, offs: Option<&[i32]>) -> ArrayD<f64> {
+pub fn ref_forward(
+    form: Form,
+    a: &ArrayD<f64>,
+    b: &ArrayD<f64>,
+    offs: Option<&[i32]>,
+) -> ArrayD<f64> {
     let (sa, sb) = (a.shape(), b.shape());
     let (a, b) = (Flat::new(a), Flat::new(b));
     match form {
@@ -263,7 +274,15 @@ pub fn unit_roundoff<T: Element>() -> f64 {
 ///
 /// `u_out` covers the final rounding to the output type, `k_err` the accumulation
 /// (`(K + 2)·u_acc` for a reduction of length K in a type of unit roundoff `u_acc`).
-pub fn assert_close(what: &str, got: &ArrayD<f64>, want: &ArrayD<f64>, mag: &ArrayD<f64>, u_out: f64, k_err: f64, atol: f64) {
+pub fn assert_close(
+    what: &str,
+    got: &ArrayD<f64>,
+    want: &ArrayD<f64>,
+    mag: &ArrayD<f64>,
+    u_out: f64,
+    k_err: f64,
+    atol: f64,
+) {
     assert_eq!(got.shape(), want.shape(), "{what}: shape");
     for ((ix, &g), (&w, &m)) in got.indexed_iter().zip(want.iter().zip(mag.iter())) {
         let tol = u_out * w.abs() + k_err * m + atol;
@@ -308,7 +327,12 @@ pub enum Strides {
     Reversed,
 }
 
-pub const STRIDES: [Strides; 4] = [Strides::Contiguous, Strides::Transposed, Strides::Step2, Strides::Reversed];
+pub const STRIDES: [Strides; 4] = [
+    Strides::Contiguous,
+    Strides::Transposed,
+    Strides::Step2,
+    Strides::Reversed,
+];
 
 /// Storage for `x` in layout `s`; [`view_as`] turns it back into a view equal to `x`.
 pub fn store<T: Element>(x: &ArrayD<T>, s: Strides) -> ArrayD<T> {
@@ -365,44 +389,67 @@ pub fn dim(max: usize) -> impl Strategy<Value = usize> {
 /// (no tail), otherwise tails past the last offset are likely. Duplicates give empty
 /// groups.
 pub fn offs(g: usize, extent: usize) -> impl Strategy<Value = Vec<i32>> {
-    (prop::collection::vec(0..=extent, g), any::<bool>(), any::<bool>()).prop_map(move |(mut v, full, empty0)| {
-        v.sort_unstable();
-        if full && g > 0 {
-            *v.last_mut().unwrap() = extent;
-        }
-        if empty0 && g > 1 {
-            v[0] = 0; // an empty first group
-        }
-        v.into_iter().map(|o| o as i32).collect()
-    })
+    (
+        prop::collection::vec(0..=extent, g),
+        any::<bool>(),
+        any::<bool>(),
+    )
+        .prop_map(move |(mut v, full, empty0)| {
+            v.sort_unstable();
+            if full && g > 0 {
+                *v.last_mut().unwrap() = extent;
+            }
+            if empty0 && g > 1 {
+                v[0] = 0; // an empty first group
+            }
+            v.into_iter().map(|o| o as i32).collect()
+        })
 }
 
 pub fn form() -> impl Strategy<Value = Form> {
-    prop_oneof![Just(Form::M), Just(Form::K), Just(Form::N), Just(Form::Batched)]
+    prop_oneof![
+        Just(Form::M),
+        Just(Form::K),
+        Just(Form::N),
+        Just(Form::Batched)
+    ]
 }
 
 /// A random packed case: G in `0..max_g`, each dim from [`dim`]`(max_dim)`.
 pub fn case(max_g: usize, max_dim: usize) -> impl Strategy<Value = Case> {
-    (form(), 0..max_g, dim(max_dim), dim(max_dim), dim(max_dim), any::<u64>()).prop_flat_map(
-        |(form, g, m, n, k, seed)| {
+    (
+        form(),
+        0..max_g,
+        dim(max_dim),
+        dim(max_dim),
+        dim(max_dim),
+        any::<u64>(),
+    )
+        .prop_flat_map(|(form, g, m, n, k, seed)| {
             let offs = if form == Form::Batched {
                 Just(None).boxed()
             } else {
                 offs(g, extent(form, (m, n, k))).prop_map(Some).boxed()
             };
             offs.prop_map(move |o| Case::new(form, g, (m, n, k), o, seed))
-        },
-    )
+        })
 }
 
 /// A random list case: G in `0..max_g`, per-group dims from [`dim`]`(max_dim)`.
-pub fn list_case(max_g: usize, max_dim: usize) -> impl Strategy<Value = (Vec<ArrayD<f64>>, Vec<ArrayD<f64>>)> {
-    (prop::collection::vec((dim(max_dim), dim(max_dim), dim(max_dim)), 0..max_g), any::<u64>()).prop_map(|(dims, seed)| {
-        let mut r = SplitMix64::new(seed);
-        let a = dims.iter().map(|&(m, _, k)| r.array(&[m, k])).collect();
-        let b = dims.iter().map(|&(_, n, k)| r.array(&[k, n])).collect();
-        (a, b)
-    })
+pub fn list_case(
+    max_g: usize,
+    max_dim: usize,
+) -> impl Strategy<Value = (Vec<ArrayD<f64>>, Vec<ArrayD<f64>>)> {
+    (
+        prop::collection::vec((dim(max_dim), dim(max_dim), dim(max_dim)), 0..max_g),
+        any::<u64>(),
+    )
+        .prop_map(|(dims, seed)| {
+            let mut r = SplitMix64::new(seed);
+            let a = dims.iter().map(|&(m, _, k)| r.array(&[m, k])).collect();
+            let b = dims.iter().map(|&(_, n, k)| r.array(&[k, n])).collect();
+            (a, b)
+        })
 }
 
 /// Naive list reference.
@@ -412,7 +459,16 @@ pub fn ref_list(a: &[ArrayD<f64>], b: &[ArrayD<f64>]) -> Vec<ArrayD<f64>> {
         .map(|(a, b)| {
             let (m, k, n) = (a.shape()[0], a.shape()[1], b.shape()[1]);
             let (a, b) = (Flat::new(a), Flat::new(b));
-            build2((m, n), |i, j| (0..k).map(|p| a.at2(i, p) * b.at2(p, j)).sum())
+            build2((m, n), |i, j| {
+                (0..k).map(|p| a.at2(i, p) * b.at2(p, j)).sum()
+            })
         })
+        .collect()
+}
+
+/// 2-D views of a list of 2-D arrays (of any dimension type).
+pub fn views2<T, D: Dimension>(x: &[ndarray::Array<T, D>]) -> Vec<ndarray::ArrayView2<'_, T>> {
+    x.iter()
+        .map(|x| x.view().into_dimensionality().expect("2-D"))
         .collect()
 }
