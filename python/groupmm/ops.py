@@ -320,7 +320,8 @@ def _list_backward(ctx, grads):
     need_a = any(ctx.needs_input_grad[0]) if n else False
     need_b = any(ctx.needs_input_grad[1]) if n else False
     da, db = _list_backward_products(list(grads), As, Bs, need_a, need_b)
-    return da, db, None
+    # register_autograd wants a list (of tensors or None) for each List[Tensor] input
+    return (da if da is not None else [None] * n), (db if db is not None else [None] * n), None
 
 
 _op_list.register_autograd(_list_backward, setup_context=_list_setup)
@@ -347,7 +348,14 @@ def _list_bwd_backward(ctx, g_da, g_db):
         t = mm(As, list(g_db), None)
         d_grads = t if d_grads is None else [x + y for x, y in zip(d_grads, t)]
         d_as = mm(grads, [g.mT for g in g_db], None)
-    return d_grads, d_as, d_bs, None, None
+    none = [None] * n
+    return (
+        none if d_grads is None else d_grads,
+        none if d_as is None else d_as,
+        none if d_bs is None else d_bs,
+        None,
+        None,
+    )
 
 
 _op_list_bwd.register_autograd(_list_bwd_backward, setup_context=_list_bwd_setup)
