@@ -81,7 +81,8 @@ def load_balancing_loss(probs: torch.Tensor, expert_ids: torch.Tensor) -> torch.
     counts = torch.zeros(num_experts, device=probs.device, dtype=probs.dtype)
     counts = counts.scatter_add(0, flat, torch.ones_like(flat, dtype=probs.dtype))
     frac = counts / max(flat.numel(), 1)
-    return num_experts * (frac * probs.mean(dim=0)).sum()
+    mean_prob = probs.sum(dim=0) / max(probs.shape[0], 1)  # no NaN for zero tokens
+    return num_experts * (frac * mean_prob).sum()
 
 
 class TopKRouter(nn.Module):

@@ -295,6 +295,21 @@ def test_permute_unpermute_round_trip(top_k: int, pad_to: int | None) -> None:
     torch.testing.assert_close(unpermute(p.tokens, p.inverse), top_k * x)
 
 
+def test_permute_one_dim_ids_and_no_tokens() -> None:
+    x = torch.arange(10.0, dtype=F64).view(5, 2)
+    p = permute(x, torch.tensor([2, 0, 2, 2, 1], dtype=torch.int32), 3)
+    assert p.offs.tolist() == [1, 2, 5] and p.inverse.shape == (5, 1)
+    torch.testing.assert_close(p.tokens, x[[1, 4, 0, 2, 3]])
+    torch.testing.assert_close(unpermute(p.tokens, p.inverse[:, 0]), x)
+
+    layer = MoELayer(4, 8, 3, 2, bias=True, pad_to=8, dtype=F64)
+    x0 = torch.zeros(0, 4, dtype=F64, requires_grad=True)
+    y, aux = layer(x0, return_aux_loss=True)
+    (y.sum() + aux).backward()
+    assert y.shape == (0, 4) and aux.item() == 0.0
+    assert torch.all(layer.experts.w_in.grad == 0)
+
+
 def test_permute_is_differentiable() -> None:
     torch.manual_seed(5)
     x = torch.randn(7, 4, dtype=F64, requires_grad=True)
