@@ -43,7 +43,9 @@ def _direct(*tensors) -> bool:
     traced instead of run on data that does not exist."""
     if _is_compiling() or _get_current_dispatch_mode() is not None:
         return False
-    return all(type(t) in _PLAIN for t in tensors if t is not None)
+    # non-tensors (None, numpy arrays, bad arguments) go to the extension, which
+    # reports bad ones by name
+    return all(type(t) in _PLAIN for t in tensors if isinstance(t, Tensor))
 
 
 # --------------------------------------------------------------------------- autocast
