@@ -251,6 +251,20 @@ def test_grouped_experts_gradcheck() -> None:
     assert torch.autograd.gradcheck(f, (x, *params))
 
 
+def test_grouped_experts_double_backward() -> None:
+    torch.manual_seed(13)
+    ge = GroupedExperts(3, 2, 3, activation="swiglu", dtype=F64)
+    x = torch.randn(5, 2, dtype=F64, requires_grad=True)
+    offs = offs_of([2, 0, 2])
+    w_in = ge.w_in.detach().clone().requires_grad_(True)
+    w_out = ge.w_out.detach().clone().requires_grad_(True)
+
+    def f(x: torch.Tensor, w_in: torch.Tensor, w_out: torch.Tensor) -> torch.Tensor:
+        return torch.func.functional_call(ge, {"w_in": w_in, "w_out": w_out}, (x, offs))
+
+    assert torch.autograd.gradgradcheck(f, (x, w_in, w_out))
+
+
 # ---------------------------------------------------------------- permute / unpermute
 
 
