@@ -131,6 +131,8 @@ class ExpertParallelMoE(nn.Module):
     def from_full(cls, full: MoELayer, group: dist.ProcessGroup | None = None) -> ExpertParallelMoE:
         """Shard a full :class:`~groupmm.moe.MoELayer` (same on every rank) onto this rank."""
         ge = full.experts
+        if ge.b_in is not None:
+            raise ValueError("full: expert biases are not sharded by this example")
         w = ge.w_in
         ep = cls(
             ge.d_model,
