@@ -113,44 +113,42 @@ fn data<T: Element>(sh: &Shape) -> Data<T> {
 }
 
 /// Per-expert views of the packed data, for the list form.
-fn split<'a, T>(
-    d: &'a Data<T>,
-) -> (
-    Vec<ArrayView2<'a, T>>,
-    Vec<ArrayView2<'a, T>>,
-    Vec<ArrayView2<'a, T>>,
-) {
-    let (mut xs, mut ws, mut dys) = (vec![], vec![], vec![]);
+struct Split<'a, T> {
+    xs: Vec<ArrayView2<'a, T>>,
+    ws: Vec<ArrayView2<'a, T>>,
+    dys: Vec<ArrayView2<'a, T>>,
+}
+
+fn split<T>(d: &Data<T>) -> Split<'_, T> {
+    let mut sp = Split {
+        xs: vec![],
+        ws: vec![],
+        dys: vec![],
+    };
     let mut start = 0;
     for (g, &end) in d.offs.iter().enumerate() {
         let end = end as usize;
-        xs.push(d.x.slice(s![start..end, ..]));
-        dys.push(d.dy.slice(s![start..end, ..]));
-        ws.push(d.w.index_axis(Axis(0), g));
+        sp.xs.push(d.x.slice(s![start..end, ..]));
+        sp.dys.push(d.dy.slice(s![start..end, ..]));
+        sp.ws.push(d.w.index_axis(Axis(0), g));
         start = end;
     }
-    (xs, ws, dys)
+    sp
 }
-
-type Views<'a, T> = [ArrayView2<'a, T>];
 
 /// The baseline: a sequential loop of one `ndarray` `dot` per expert.
 struct Baseline<T> {
-    fwd: fn(&Views<T>, &Views<T>) -> Vec<Array2<T>>,
-    fwd_bwd: fn(&Views<T>, &Views<T>, &Views<T>) -> Vec<Array2<T>>,
+    fwd: fn(&Split<T>) -> Vec<Array2<T>>,
+    fwd_bwd: fn(&Split<T>) -> Vec<Array2<T>>,
 }
 
-fn loop_fwd<T: ndarray::LinalgScalar>(xs: &Views<T>, ws: &Views<T>) -> Vec<Array2<T>> {
-    xs.iter().zip(ws).map(|(x, w)| x.dot(w)).collect()
+fn loop_fwd<T: ndarray::LinalgScalar>(sp: &Split<T>) -> Vec<Array2<T>> {
+    sp.xs.iter().zip(&sp.ws).map(|(x, w)| x.dot(w)).collect()
 }
 
-fn loop_fwd_bwd<T: ndarray::LinalgScalar>(
-    xs: &Views<T>,
-    ws: &Views<T>,
-    dys: &Views<T>,
-) -> Vec<Array2<T>> {
-    let mut out = Vec::with_capacity(3 * xs.len());
-    for ((x, w), dy) in xs.iter().zip(ws).zip(dys) {
+fn loop_fwd_bwd<T: ndarray::LinalgScalar>(sp: &Split<T>) -> Vec<Array2<T>> {
+    let mut out = Vec::with_capacity(3 * sp.xs.len());
+    for ((x, w), dy) in sp.xs.iter().zip(&sp.ws).zip(&sp.dys) {
         out.push(x.dot(w)); // y
         out.push(dy.dot(&w.t())); // dX
         out.push(x.t().dot(dy)); // dW
@@ -162,7 +160,8 @@ fn bench_dtype<T: Element>(c: &mut Criterion, dtype: &str, baseline: Option<Base
     for sh in shapes() {
         let d = data::<T>(&sh);
         let offs = aview1(&d.offs);
-        let (xs, ws, dys) = split(&d);
+        let sp = split(&d);
+        let (xs, ws, dys) = (&sp.xs, &sp.ws, &sp.dys);
         let mut grp = c.benchmark_group(format!("{}/{dtype}", sh.name));
         grp.sample_size(10)
             .warm_up_time(Duration::from_millis(500))
@@ -173,11 +172,11 @@ fn bench_dtype<T: Element>(c: &mut Criterion, dtype: &str, baseline: Option<Base
             b.iter(|| black_box(grouped_mm(d.x.view(), d.w.view(), Some(offs)).unwrap()))
         });
         grp.bench_function(BenchmarkId::new("list", "fwd"), |b| {
-            b.iter(|| black_box(grouped_mm_list(&xs, &ws).unwrap()))
+            b.iter(|| black_box(grouped_mm_list(xs, ws).unwrap()))
         });
         if let Some(base) = &baseline {
             grp.bench_function(BenchmarkId::new("loop_ndarray_dot", "fwd"), |b| {
-                b.iter(|| black_box((base.fwd)(&xs, &ws)))
+                b.iter(|| black_box((base.fwd)(&sp)))
             });
         }
 
@@ -200,14 +199,14 @@ fn bench_dtype<T: Element>(c: &mut Criterion, dtype: &str, baseline: Option<Base
         });
         grp.bench_function(BenchmarkId::new("list", "fwd+bwd"), |b| {
             b.iter(|| {
-                let y = grouped_mm_list(&xs, &ws).unwrap();
-                let g = grouped_mm_list_backward(&dys, &xs, &ws, true, true).unwrap();
+                let y = grouped_mm_list(xs, ws).unwrap();
+                let g = grouped_mm_list_backward(dys, xs, ws, true, true).unwrap();
                 black_box((y, g))
             })
         });
         if let Some(base) = &baseline {
             grp.bench_function(BenchmarkId::new("loop_ndarray_dot", "fwd+bwd"), |b| {
-                b.iter(|| black_box((base.fwd_bwd)(&xs, &ws, &dys)))
+                b.iter(|| black_box((base.fwd_bwd)(&sp)))
             });
         }
         grp.finish();
