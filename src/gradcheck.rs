@@ -9,7 +9,7 @@
 //! `<= rtol · max(|analytic|, |numeric|)` (approx's `relative_eq`).
 //!
 //! [`check_grouped_mm`] and [`check_grouped_mm_list`] apply it to this crate's
-//! [`api`](crate::api) functions.
+//! [`api`] functions.
 //!
 //! ```
 //! use groupmm::gradcheck::{check, Options};

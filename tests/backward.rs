@@ -281,7 +281,7 @@ fn gradcheck_report_counts_elements() {
 // ------------------------------------------------------------------------------
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     /// dA and dB of every packed form in f64 against the definition.
     #[test]
@@ -310,7 +310,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
 
     /// Low precision backward (and 16-bit in, f32 gradients) against the f64 reference.
     #[test]
@@ -356,7 +356,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
 
     /// Finite differences agree with the analytic backward on small random problems of
     /// every packed form (G in 0..4, each dim 0, 1 or up to 5).

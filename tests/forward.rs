@@ -222,6 +222,28 @@ fn large_problems_split_into_tiles() {
 }
 
 #[test]
+fn wide_problems_split_into_column_tiles() {
+    // few rows, many columns: the engine splits each group along N
+    for form in FORMS {
+        let dims = (4, 640, 300);
+        let e = extent(form, dims) as i32;
+        let offs = (form != Form::Batched).then(|| vec![e / 3, e / 3, e - 1]);
+        let c = Case::new(form, 3, dims, offs, 12);
+        check_case::<f64, f64>(&c);
+        check_case::<bf16, f32>(&c);
+    }
+    let mut r = SplitMix64::new(6);
+    let a = [r.array(&[3, 300]), r.array(&[2, 200])];
+    let b = [r.array(&[300, 700]), r.array(&[200, 900])];
+    let want = ref_list(&a, &b);
+    let got = grouped_mm_list(&views2(&a), &views2(&b)).unwrap();
+    for (g, w) in got.iter().zip(&want) {
+        let mag = w.mapv(|_| 300.0);
+        assert_close("list f64", &g.clone().into_dyn(), w, &mag, 0.0, 1e-14, 0.0);
+    }
+}
+
+#[test]
 fn out_dtype_keeps_f32_precision() {
     // 257 = 256 + 1 is not a bfloat16 value; an f32 output keeps it
     let a = Array2::from_elem((1, 257), bf16::ONE);
@@ -299,7 +321,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
 
     /// f32, f16, bf16 (and 16-bit in, f32 out) against the f64 reference on the rounded
     /// inputs: |err| <= u_out·|ref| + (K+2)·2^-24·Σ|a||b| + 1e-7.
