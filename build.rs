@@ -54,6 +54,7 @@ const ENV_VARS: &[&str] = &[
     "PYTHON_SYS_EXECUTABLE",
     "NUM_JOBS",
     "CARGO_TARGET_DIR",
+    "PYTHONPATH",
 ];
 
 const REBUILD_HINT: &str = "rebuild with nvcc on PATH (or NVCC / CUDA_HOME set, GROUPMM_CUDA=1) \
