@@ -502,8 +502,9 @@ def _grouped_mm_list(As: Sequence, Bs: Sequence, out_dtype, out):
     if not isinstance(Bs, (list, tuple)):
         raise TypeError(f"Bs: expected a list of 2-D tensors like As, found {type(Bs).__name__}")
     tensors = all(isinstance(x, Tensor) for x in As) and all(isinstance(x, Tensor) for x in Bs)
-    if not tensors:
-        # numpy arrays, or bad arguments that the extension reports by name
+    if not tensors or not (As or Bs or _is_compiling()):
+        # numpy arrays, no groups at all (torch or numpy: out_dtype may be either kind),
+        # or bad arguments that the extension reports by name
         return list(_native_list(As, Bs, out_dtype, out))
     _check_out_dtype(out_dtype)
     direct = _direct(*As, *Bs)
