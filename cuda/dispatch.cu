@@ -146,10 +146,13 @@ Flag offs_flag(int device) {
 }
 
 // Operand checks and normalisation. `rows`, `cols` are the extents of the last two dims.
-OpDesc normalise(const char* name, const gmm_operand& o, int64_t batch, int64_t rows,
-                 int64_t cols) {
+// `index` >= 0 names a list element ("As[3]"); the name is built only for messages.
+OpDesc normalise(const char* base, int64_t index, const gmm_operand& o, int64_t batch,
+                 int64_t rows, int64_t cols) {
   auto shape = [&] {
-    return std::string(name) + " [" + std::to_string(o.batch) + ", " + std::to_string(o.rows) +
+    std::string name = base;
+    if (index >= 0) name += "[" + std::to_string(index) + "]";
+    return name + " [" + std::to_string(o.batch) + ", " + std::to_string(o.rows) +
            ", " + std::to_string(o.cols) + "] strides (" + std::to_string(o.batch_stride) + ", " +
            std::to_string(o.row_stride) + ", " + std::to_string(o.col_stride) + ")";
   };
@@ -170,8 +173,19 @@ OpDesc normalise(const char* name, const gmm_operand& o, int64_t batch, int64_t 
   d.rs = o.row_stride;
   d.cs = o.col_stride;
   d.bs = o.batch_stride;
-  // Row-major: unit column stride (or a single column), rows apart by >= cols.
+  // A leading dimension that is never used to address anything (its dim has extent
+  // <= 1): any value >= the contiguous extent, rounded so it never spoils alignment.
   auto unused_ld = [](int64_t extent) { return int64_t(round_up(size_t(std::max<int64_t>(extent, 1)), 8)); };
+  if (rows == 0 || cols == 0) {
+    // No elements: any strides are fine (torch gives all sorts for empty tensors); no
+    // problem built from this operand reads or writes it.
+    d.major = kRowMajor;
+    d.ld = unused_ld(cols);
+    d.rs = d.ld;
+    d.cs = 1;
+    return d;
+  }
+  // Row-major: unit column stride (or a single column), rows apart by >= cols.
   if ((o.col_stride == 1 || cols <= 1) && (rows <= 1 || o.row_stride >= std::max<int64_t>(cols, 1))) {
     d.major = kRowMajor;
     d.ld = rows <= 1 ? unused_ld(cols) : o.row_stride;
@@ -309,27 +323,27 @@ PackedPlan plan_packed(const gmm_packed& p, const DevInfo& dev) {
   d.k = k;
   switch (p.form) {
     case GMM_GROUPED_M:
-      d.a = normalise("a", p.a, 1, m, k);
-      d.b = normalise("b", p.b, G, k, n);
-      d.c = normalise("out", p.c, 1, m, n);
+      d.a = normalise("a", -1, p.a, 1, m, k);
+      d.b = normalise("b", -1, p.b, G, k, n);
+      d.c = normalise("out", -1, p.c, 1, m, n);
       d.extent = m;
       break;
     case GMM_GROUPED_K:
-      d.a = normalise("a", p.a, 1, m, k);
-      d.b = normalise("b", p.b, 1, k, n);
-      d.c = normalise("out", p.c, G, m, n);
+      d.a = normalise("a", -1, p.a, 1, m, k);
+      d.b = normalise("b", -1, p.b, 1, k, n);
+      d.c = normalise("out", -1, p.c, G, m, n);
       d.extent = k;
       break;
     case GMM_GROUPED_N:
-      d.a = normalise("a", p.a, G, m, k);
-      d.b = normalise("b", p.b, 1, k, n);
-      d.c = normalise("out", p.c, 1, m, n);
+      d.a = normalise("a", -1, p.a, G, m, k);
+      d.b = normalise("b", -1, p.b, 1, k, n);
+      d.c = normalise("out", -1, p.c, 1, m, n);
       d.extent = n;
       break;
     case GMM_BATCHED:
-      d.a = normalise("a", p.a, G, m, k);
-      d.b = normalise("b", p.b, G, k, n);
-      d.c = normalise("out", p.c, G, m, n);
+      d.a = normalise("a", -1, p.a, G, m, k);
+      d.b = normalise("b", -1, p.b, G, k, n);
+      d.c = normalise("out", -1, p.c, G, m, n);
       d.extent = 0;
       break;
     default: throw Fail{"unknown form code " + std::to_string(p.form)};
@@ -492,14 +506,14 @@ ListPlan plan_list(const gmm_list& l, const DevInfo& dev) {
   for (auto& r : idx) for (int& v : r) v = -1;
   for (int64_t i = 0; i < G; ++i) {
     const int64_t m = l.dims[3 * i], n = l.dims[3 * i + 1], k = l.dims[3 * i + 2];
-    const std::string gi = "[" + std::to_string(i) + "]";
-    check_dim(("m of group " + std::to_string(i)).c_str(), m);
-    check_dim(("n of group " + std::to_string(i)).c_str(), n);
-    check_dim(("k of group " + std::to_string(i)).c_str(), k);
-    OpDesc a = normalise(("As" + gi).c_str(), l.a[i], 1, m, k);
-    OpDesc b = normalise(("Bs" + gi).c_str(), l.b[i], 1, k, n);
-    OpDesc c = normalise(("out" + gi).c_str(), l.c[i], 1, m, n);
-    if (c.major != kRowMajor) throw Fail{"out" + gi + " must be row-major"};
+    if (m < 0 || n < 0 || k < 0 || m > INT32_MAX || n > INT32_MAX || k > INT32_MAX) {
+      throw Fail{"group " + std::to_string(i) + ": (m, n, k) = (" + std::to_string(m) + ", " +
+                 std::to_string(n) + ", " + std::to_string(k) + ") out of range [0, 2^31)"};
+    }
+    OpDesc a = normalise("As", i, l.a[i], 1, m, k);
+    OpDesc b = normalise("Bs", i, l.b[i], 1, k, n);
+    OpDesc c = normalise("out", i, l.c[i], 1, m, n);
+    if (c.major != kRowMajor) throw Fail{"out[" + std::to_string(i) + "] must be row-major"};
     pl.a.push_back(a);
     pl.b.push_back(b);
     pl.c.push_back(c);
@@ -559,9 +573,16 @@ void write_list(const gmm_list& l, void* host, size_t host_bytes, uint64_t devic
                std::to_string(pl.bytes) + " needed"};
   }
   if (device_addr % 256 != 0) throw Fail{"argument block device address must be 256-byte aligned"};
-  if (uintptr_t(host) % 16 != 0) throw Fail{"argument block host buffer must be 16-byte aligned"};
-  std::memset(host, 0, pl.bytes);
-  const uintptr_t hbase = uintptr_t(host);
+  // Stage through an aligned buffer when the caller's is not 16-byte aligned (the block
+  // holds 8-byte pointers and ints written through typed pointers).
+  std::vector<uint64_t> staging;
+  void* dst = host;
+  if (uintptr_t(host) % 16 != 0) {
+    staging.assign(pl.bytes / 8 + 2, 0);
+    dst = reinterpret_cast<void*>(round_up(uintptr_t(staging.data()), 16));
+  }
+  std::memset(dst, 0, pl.bytes);
+  const uintptr_t hbase = uintptr_t(dst);
   std::vector<int64_t> fill(pl.sets.size(), 0);
   int64_t zfill = 0;
   GemmSet zero = set_at(hbase + pl.zero_offset, pl.zero_count);
@@ -592,6 +613,7 @@ void write_list(const gmm_list& l, void* host, size_t host_bytes, uint64_t devic
     s->ldb[j] = b.ld;
     s->ldc[j] = c.ld;
   }
+  if (dst != host) std::memcpy(host, dst, pl.bytes);
   // Internal pointers are device addresses; the values above are already device
   // pointers, nothing else in the block points into it.
   (void)device_addr;
