@@ -219,8 +219,8 @@ def packed_case(draw, device: str):
         if out_numel > 0:
             # aliases a (and, when it has several elements, itself); with out_dtype the
             # dtype is wrong too: every variant names out
-            first = a.detach().reshape(-1)[:1]
-            out = first.expand(out_shape) if out_numel > 1 else first.view(out_shape)
+            stride = [0 if out_numel > 1 else 1] * len(out_shape)
+            out = a.detach().as_strided(out_shape, stride, a.storage_offset())
             c.expect = "out"
     elif mutation == "bias":
         kw["bias"], c.expect = torch.zeros(1, device=device), "bias"
