@@ -44,7 +44,7 @@ def test_soak_cpu_100k(tmp_path):
 
 
 def test_soak_catches_a_leak(tmp_path):
-    """The check is live: 4 KiB leaked per call over 3000 calls (~10 MiB) fails it."""
-    proc, r = _soak(tmp_path, 3_000, "--inject-leak-bytes", "4096")
+    """The check is live: 16 KiB leaked per call over 3000 calls (~47 MiB) fails it."""
+    proc, r = _soak(tmp_path, 3_000, "--inject-leak-bytes", "16384")
     assert proc.returncode == 1 and proc.stdout.strip().endswith("FAIL")
     assert r["rss_growth_mib"] > 8.0
