@@ -153,8 +153,9 @@ pub fn grouped_mm<T: Element, DA: Dimension, DB: Dimension>(
 }
 
 /// [`grouped_mm`] with a separate output type `TO`, e.g. bfloat16 inputs and a float32
-/// output (`out_dtype=torch.float32`). Accumulation is in f32 for 16-bit and f32
-/// inputs, in f64 when both `TI` and `TO` are `f64`.
+/// output (`out_dtype=torch.float32`). Accumulation is in f64 only when `TI` and `TO`
+/// are both `f64`; every other pair converts the inputs to f32 and accumulates in f32
+/// (so `f64 -> f32` rounds the inputs first; `f32 -> f64` is an f32 product widened).
 ///
 /// ```
 /// use groupmm::api::grouped_mm_to;
@@ -471,11 +472,10 @@ pub fn grouped_mm_list<T: Element>(
 /// use half::bf16;
 /// use ndarray::Array2;
 ///
-/// let a = Array2::from_elem((2, 300), bf16::ONE);
-/// let b = Array2::from_elem((300, 1), bf16::ONE);
+/// let a = Array2::from_elem((2, 257), bf16::ONE);
+/// let b = Array2::from_elem((257, 1), bf16::ONE);
 /// let out = grouped_mm_list_to::<bf16, f32>(&[a.view()], &[b.view()])?;
-/// assert_eq!(out[0][[1, 0]], 300.0); // exact in f32; bfloat16 would round to 300 too,
-///                                    // but 301 would not be representable
+/// assert_eq!(out[0][[1, 0]], 257.0); // a bfloat16 output would round it to 256
 /// # Ok::<(), groupmm::Error>(())
 /// ```
 pub fn grouped_mm_list_to<TI: Element, TO: Element>(
