@@ -12,8 +12,10 @@ export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --target /tmp/site "$whl_dir"/*.whl || exit 2
 export PYTHONPATH=/tmp/site
 declare -A res
-step() {  # name, command...
+STEPS=${STEPS:-info demo pytest memcheck racecheck synccheck bench}
+step() {  # name, command...  (only the names listed in $STEPS run)
   local name=$1; shift
+  case " $STEPS " in *" $name "*) ;; *) return 0 ;; esac
   local t0=$(date +%s)
   echo "=== $name: $*"
   "$@" > "$OUT/$name.log" 2>&1
@@ -24,10 +26,10 @@ step() {  # name, command...
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 step info python3 -c "import groupmm, torch; print(groupmm.build_info(), torch.__version__, torch.cuda.get_device_name())"
 step demo python3 -m groupmm.demo
-step pytest python3 -m pytest -q -p no:cacheprovider tests/python -x -q
-step memcheck compute-sanitizer --tool memcheck --error-exitcode 9 python3 scripts/sanitize_cases.py
-step racecheck compute-sanitizer --tool racecheck --error-exitcode 9 python3 scripts/sanitize_cases.py
-step synccheck compute-sanitizer --tool synccheck --error-exitcode 9 python3 scripts/sanitize_cases.py
+step pytest python3 -m pytest -q -p no:cacheprovider ${PYTEST_TARGETS:-tests/python}
+step memcheck timeout ${SAN_TIMEOUT:-300} compute-sanitizer --tool memcheck --error-exitcode 9 python3 scripts/sanitize_cases.py
+step racecheck timeout ${SAN_TIMEOUT:-300} compute-sanitizer --tool racecheck --error-exitcode 9 python3 scripts/sanitize_cases.py
+step synccheck timeout ${SAN_TIMEOUT:-300} compute-sanitizer --tool synccheck --error-exitcode 9 python3 scripts/sanitize_cases.py
 case " $* " in
   *" --no-bench "*) ;;
   *" --quick-bench "*) step bench python3 benches/bench_gpu.py --quick --json "$OUT/bench.json" --png "$OUT/bench.png" ;;

@@ -42,15 +42,19 @@ def main() -> int:
     w = torch.randn(3, 16, 8, device=dev, dtype=torch.bfloat16)
     for bad in ([5, 3, 20], [-4, 10, 12], [5, 10, 10_000], [2**31 - 1, -(2**31), 7]):
         offs = torch.tensor(bad, dtype=torch.int32, device=dev)
-        groupmm.grouped_mm(x, w, offs=offs)
-        groupmm.grouped_mm(x.t().contiguous(), x, offs=offs)  # [K,T] x [T,K] -> [G,K,K]
-        groupmm.grouped_mm(w.transpose(1, 2).contiguous(), x, offs=offs)  # [G,8,16] x [16,20]
-        torch.cuda.synchronize()
-        try:
-            groupmm._native.take_offs_error(0)
-        except Exception:
-            pass
-        n += 3
+        for a, b in [
+            (x, w),  # [T,K] x [G,K,N]
+            (x.t().contiguous(), x),  # [K,T] x [T,K] -> [G,K,K]
+            (w.transpose(1, 2).contiguous(), x.t().contiguous()),  # [G,8,16] x [16,20]
+        ]:
+            try:
+                groupmm.grouped_mm(a, b, offs=offs)
+            except ValueError as e:  # the flag of the previous call, reported now
+                assert "offs" in str(e)
+                groupmm.grouped_mm(a, b, offs=offs)
+            torch.cuda.synchronize()
+            n += 1
+        groupmm._native.take_offs_error(0)
     torch.cuda.synchronize()
     print(f"sanitize cases: {n} calls done")
     return 0
