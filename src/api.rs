@@ -537,7 +537,7 @@ pub fn grouped_mm_list_into<TI: Element, TO: Element>(
 /// (each list `None` unless asked for).
 ///
 /// # Errors
-/// As [`grouped_mm_list`], plus [`Error::Shape`] naming `grads` or `grads[i]` when the
+/// As [`grouped_mm_list`], plus [`Error::Shape`] naming `grad` or `grad[i]` when the
 /// upstream gradients do not match the forward outputs.
 ///
 /// # Example
@@ -588,13 +588,13 @@ pub fn grouped_mm_list_backward_to<TI: Element, TO: Element>(
     let dims = shape::plan_list(&la, &lb)?;
     if lg.len() != dims.len() {
         return Err(Error::Shape(format!(
-            "grads: expected a sequence of {} gradients (one per output), found {}",
+            "grad: expected a sequence of {} gradients (one per output), found {}",
             dims.len(),
             lg.len()
         )));
     }
     for (i, (g, d)) in lg.iter().zip(&dims).enumerate() {
-        check_grad(&format!("grads[{i}]"), g, &[d.m, d.n])?;
+        check_grad(&format!("grad[{i}]"), g, &[d.m, d.n])?;
     }
     let mut bl: [(Vec<Layout>, Vec<Layout>); 2] = Default::default();
     for ((g, la), lb) in lg.iter().zip(&la).zip(&lb) {

@@ -5,7 +5,7 @@ valid   -> the result (and gradients) match the float64 reference;
 invalid -> ValueError / TypeError / RuntimeError whose message names the argument, and
            a given ``out`` buffer is left bitwise untouched.
 
-Examples: ``conftest.FUZZ_EXAMPLES`` (1500 with ``CI`` set, 200 otherwise; override with
+Examples: ``conftest.FUZZ_EXAMPLES`` (4000 with ``CI`` set, 200 otherwise; override with
 ``GROUPMM_FUZZ_EXAMPLES``). Runs on cpu and, when present, cuda.
 """
 
