@@ -571,4 +571,7 @@ def _register_autocast() -> "torch.library.Library":
     return lib
 
 
-_autocast_lib = _register_autocast()
+try:
+    _autocast_lib = _register_autocast()
+except (AttributeError, RuntimeError):  # pragma: no cover - torch without these hooks
+    _autocast_lib = None  # eager calls still cast in Python
