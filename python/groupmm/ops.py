@@ -460,7 +460,9 @@ def grouped_mm(
         _check_out_grad(out, (a, b))
         # like torch.mm(out=): autocast does not apply to out= calls
         if direct:
-            return _native_mm(a, b, offs, out_dtype, out)
+            _native_mm(a, b, offs, out_dtype, out)
+            _bump_version(out)
+            return out
         torch.ops.groupmm.grouped_mm_out(a, b, offs, out_dtype, out)
         return out
     if not direct:
@@ -472,6 +474,13 @@ def grouped_mm(
     if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
         return GroupedMM.apply(a, b, offs, out_dtype)
     return _native_mm(a, b, offs, out_dtype)
+
+
+def _bump_version(*outs: Tensor) -> None:
+    """Written in place behind autograd's back: bump the version counters (as any
+    in-place torch op does) so that a graph that saved ``out`` notices the change."""
+    for o in outs:
+        torch.autograd.graph.increment_version(o)
 
 
 def _check_out_dtype(out_dtype) -> None:
@@ -519,7 +528,9 @@ def _grouped_mm_list(As: Sequence, Bs: Sequence, out_dtype, out):
             raise TypeError(f"out[{bad}]: expected a torch.Tensor, found {type(out[bad]).__name__}")
         _check_out_grad(out, (*As, *Bs))
         if direct and _direct(*out):
-            return list(_native_list(As, Bs, out_dtype, out))
+            res = list(_native_list(As, Bs, out_dtype, out))
+            _bump_version(*out)
+            return res
         torch.ops.groupmm.grouped_mm_list_out(list(As), list(Bs), out_dtype, list(out))
         return list(out)
     if not direct:

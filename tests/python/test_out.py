@@ -87,3 +87,23 @@ def test_out_is_rejected_when_the_call_needs_grad_even_if_only_one_needs_it():
     with pytest.raises(RuntimeError, match="out"):
         grouped_mm(As, Bs, out=outs)
     assert all((o == SENTINEL).all() for o in outs)
+
+
+@pytest.mark.parametrize("form", ["packed", "list", "op"])
+def test_out_bumps_the_version_counter(form):
+    """Like any in-place op: a graph that saved ``out`` must notice it was overwritten
+    (instead of silently computing a stale gradient)."""
+    a, b, offs = make_packed("2d3d", 3, 0, 4, 5, 9, seed=5)
+    out = torch.randn(9, 4, dtype=a.dtype)
+    w = torch.randn(3, dtype=a.dtype, requires_grad=True)
+    y = (w[:, None, None] * out).sum()  # saves out for backward
+    v0 = out._version
+    if form == "packed":
+        grouped_mm(a, b, offs=offs, out=out)
+    elif form == "list":
+        grouped_mm([a[:5]], [b[0]], out=[out[:5]])
+    else:
+        torch.ops.groupmm.grouped_mm_out(a, b, offs, None, out)
+    assert out._version > v0
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()
