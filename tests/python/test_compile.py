@@ -99,3 +99,22 @@ def test_compile_out_and_autocast():
     assert torch.equal(out, grouped_mm(x.detach(), w.detach(), offs=offs))
     y.float().sum().backward()
     assert x.grad.dtype == torch.float32 and w.grad.dtype == torch.float32
+
+
+def test_compile_list_out():
+    torch._dynamo.reset()
+
+    def f(As, Bs, outs):
+        with torch.no_grad():
+            grouped_mm(As, Bs, out=outs)
+        return outs[0] * 2
+
+    gen = torch.Generator().manual_seed(4)
+    As = [torch.randn(3, 4, generator=gen), torch.randn(2, 0, generator=gen)]
+    Bs = [torch.randn(4, 6, generator=gen), torch.randn(0, 1, generator=gen)]
+    outs = [torch.full((3, 6), 5.0), torch.full((2, 1), 5.0)]
+    y = torch.compile(f, fullgraph=True)(As, Bs, outs)
+    want = grouped_mm(As, Bs)
+    assert torch.equal(outs[0], want[0]) and torch.equal(outs[1], want[1])
+    assert torch.count_nonzero(outs[1]) == 0  # K = 0
+    assert torch.equal(y, 2 * outs[0])
