@@ -40,25 +40,14 @@ HAS_CUDA = torch.cuda.is_available()
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 
 
-def pytest_addoption(parser):
-    parser.addoption("--run-slow", action="store_true", help="run tests marked slow")
-
-
 def pytest_collection_modifyitems(config, items):
-    """Skip ``cuda`` tests without a GPU, and ``slow`` tests unless asked for (with
-    ``--run-slow``, ``-m slow`` or env ``GROUPMM_RUN_SLOW=1``)."""
-    run_slow = (
-        config.getoption("--run-slow")
-        or ("slow" in (config.getoption("-m") or "") and "not slow" not in config.getoption("-m"))
-        or os.environ.get("GROUPMM_RUN_SLOW") == "1"
-    )
+    """Skip ``cuda`` tests when there is no GPU."""
+    if HAS_CUDA:
+        return
     skip_cuda = pytest.mark.skip(reason="needs a CUDA GPU")
-    skip_slow = pytest.mark.skip(reason="slow: use --run-slow or -m slow")
     for item in items:
-        if "cuda" in item.keywords and not HAS_CUDA:
+        if "cuda" in item.keywords:
             item.add_marker(skip_cuda)
-        if "slow" in item.keywords and not run_slow:
-            item.add_marker(skip_slow)
 
 
 # --------------------------------------------------------------------------- forms
