@@ -10,6 +10,10 @@ MoE-like shapes, float32 and bfloat16, forward and forward+backward.
 Each figure is the median of ``--runs`` timed runs (default 10) after ``--warmup`` runs.
 GFLOP/s counts the useful multiply-adds only (2·M·N·K per group; x3 for forward+backward).
 "ratio" is groupmm time / loop time (< 1: groupmm is faster).
+
+On a shared or oversubscribed machine torch's OpenMP threads busy-wait and the torch
+columns can be many times slower than the kernels are; ``OMP_WAIT_POLICY=PASSIVE`` gives
+figures closer to an idle machine (rayon threads, used by groupmm, sleep when idle).
 """
 
 from __future__ import annotations
