@@ -417,9 +417,8 @@ void launch_packed(const gmm_packed& p, uint64_t workspace, size_t workspace_byt
   d.zero = set_at(uintptr_t(workspace) + 2 * set, G + 1);
   if (p.form != GMM_BATCHED) d.err_flag = offs_flag(p.device).dev;
 
-  const int threads = 128;
-  const int64_t blocks = std::min<int64_t>((G + 1 + threads - 1) / threads, 65535);
-  build_packed_args<<<unsigned(blocks), threads, 0, stream>>>(d);
+  // One block: the running maximum over offs is a block-wide scan (see args.cuh).
+  build_packed_args<<<1, kBuilderThreads, 0, stream>>>(d);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) throw Fail{cuda_fail("argument-builder kernel launch", e)};
 

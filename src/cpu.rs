@@ -250,13 +250,15 @@ unsafe fn run_tile_widened<TI: Element, TO: Element>(g: &Gemm<TI, TO>) {
     for i in 0..m {
         for p in 0..k {
             // SAFETY: (i, p) is inside A by the caller's contract.
-            a[i * k + p] = unsafe { *g.a.offset(i as isize * g.a_s.0 + p as isize * g.a_s.1) }.to_f32();
+            a[i * k + p] =
+                unsafe { *g.a.offset(i as isize * g.a_s.0 + p as isize * g.a_s.1) }.to_f32();
         }
     }
     for p in 0..k {
         for j in 0..n {
             // SAFETY: (p, j) is inside B by the caller's contract.
-            b[p * n + j] = unsafe { *g.b.offset(p as isize * g.b_s.0 + j as isize * g.b_s.1) }.to_f32();
+            b[p * n + j] =
+                unsafe { *g.b.offset(p as isize * g.b_s.0 + j as isize * g.b_s.1) }.to_f32();
         }
     }
     // SAFETY: the three buffers are contiguous, sized m*k, k*n and m*n above.
@@ -282,7 +284,8 @@ unsafe fn run_tile_widened<TI: Element, TO: Element>(g: &Gemm<TI, TO>) {
         for j in 0..n {
             // SAFETY: (i, j) is inside C by the caller's contract.
             unsafe {
-                *g.c.offset(i as isize * g.c_s.0 + j as isize * g.c_s.1) = TO::from_f32(c[i * n + j]);
+                *g.c.offset(i as isize * g.c_s.0 + j as isize * g.c_s.1) =
+                    TO::from_f32(c[i * n + j]);
             }
         }
     }
@@ -294,8 +297,8 @@ mod tests {
 
     #[test]
     fn tiles_cover_each_gemm() {
-        let a = vec![0f32; 1];
-        let mut c = vec![0f32; 1];
+        let a = [0f32; 1];
+        let mut c = [0f32; 1];
         let g = Gemm::<f32, f32> {
             m: 1000,
             n: 300,

@@ -9,7 +9,7 @@
 //!
 //! Packed forms never synchronise with the host: a kernel builds the per-group
 //! arguments from `offs` on the device, clamping spans exactly as
-//! [`crate::shape::clamp_group`], and records invalid `offs` in a per-device flag that
+//! [`crate::shape::clamp_spans`], and records invalid `offs` in a per-device flag that
 //! [`take_offs_error`] reads without a sync. A packed launch can be captured in a CUDA
 //! graph.
 //!

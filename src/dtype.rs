@@ -43,8 +43,7 @@ impl DType {
 
 /// A float element type groupmm computes on.
 ///
-/// Arithmetic happens in [`Element::Acc`]: `f32` for the 16-bit types and `f32`,
-/// `f64` for `f64`.
+/// Arithmetic happens in `f32` for the 16-bit types and `f32`, in `f64` for `f64`.
 pub trait Element: Copy + Send + Sync + Default + PartialEq + std::fmt::Debug + 'static {
     /// The runtime tag of this type.
     const DTYPE: DType;

@@ -116,7 +116,7 @@ impl Layout {
             if s < span {
                 return false;
             }
-            span = s * (n - 1) + span;
+            span += s * (n - 1);
         }
         true
     }
@@ -330,7 +330,7 @@ pub fn plan_packed(a: &Layout, b: &Layout, offs_len: Option<usize>) -> Result<Pa
 /// Checks `offs` values read on the host: each in `0..=extent`, non-decreasing.
 ///
 /// CUDA callers never read `offs` on the host; their kernels clamp instead (see
-/// [`clamp_group`]).
+/// [`clamp_spans`]).
 pub fn check_offs(offs: &[i32], plan: &PackedPlan) -> Result<()> {
     let what = match plan.form {
         Form::GroupedM => "a.shape[0] (T)",
@@ -370,14 +370,20 @@ pub fn check_offs(offs: &[i32], plan: &PackedPlan) -> Result<()> {
     Ok(())
 }
 
-/// The span `[start, end)` of group `g`, clamped so that any `offs` (decreasing,
-/// negative, past the end) stays inside `0..=extent` with `start <= end`. Valid `offs`
-/// pass through unchanged. The CUDA argument builder applies the same rule.
-pub fn clamp_group(offs: &[i32], g: usize, extent: usize) -> (usize, usize) {
-    let clamp = |v: i32| (v.max(0) as usize).min(extent);
-    let start = if g == 0 { 0 } else { clamp(offs[g - 1]) };
-    let end = clamp(offs[g]).max(start);
-    (start, end)
+/// The spans `[start, end)` of every group, clamped so that any `offs` (decreasing,
+/// negative, past the end) gives spans inside `0..=extent` that are ordered and
+/// disjoint: `end_g` is the running maximum of `offs[0..=g]` clamped to `0..=extent`,
+/// `start_g = end_{g-1}` (0 for the first group). Valid `offs` pass through unchanged.
+/// The CUDA argument builder applies the same rule (a block-wide max-scan).
+pub fn clamp_spans(offs: &[i32], extent: usize) -> Vec<(usize, usize)> {
+    let mut end = 0usize;
+    offs.iter()
+        .map(|&v| {
+            let start = end;
+            end = end.max((v.max(0) as usize).min(extent));
+            (start, end)
+        })
+        .collect()
 }
 
 /// A strided matrix inside a buffer: element offset of `[0, 0]` and the row and
@@ -428,8 +434,8 @@ fn mat(l: &Layout, batch: Option<usize>, row0: usize, col0: usize) -> MatRef {
 /// Splits a validated packed product into per-group problems that exactly cover the
 /// output `c` (shape `plan.out_shape`), including zero problems for tails.
 ///
-/// `offs` must have passed [`check_offs`] (or be clamped data; spans are clamped
-/// anyway, so no problem ever leaves its operands).
+/// `offs` should have passed [`check_offs`]; spans are clamped with [`clamp_spans`]
+/// anyway, so no problem ever leaves its operands.
 pub fn packed_problems(
     plan: &PackedPlan,
     a: &Layout,
@@ -438,9 +444,9 @@ pub fn packed_problems(
     offs: Option<&[i32]>,
 ) -> Vec<Problem> {
     let mut out = Vec::with_capacity(plan.groups + 1);
-    let offs = offs.unwrap_or(&[]);
-    let span = |g: usize| clamp_group(offs, g, plan.offs_extent);
-    let last_end = |g: usize| if g == 0 { 0 } else { span(g - 1).1 };
+    let spans = clamp_spans(offs.unwrap_or(&[]), plan.offs_extent);
+    let span = |g: usize| spans[g];
+    let last_end = |g: usize| if g == 0 { 0 } else { spans[g - 1].1 };
     match plan.form {
         Form::GroupedM => {
             for g in 0..plan.groups {
@@ -462,7 +468,11 @@ pub fn packed_problems(
                 n: plan.n,
                 k: 0,
                 a: mat(a, None, 0, 0),
-                b: MatRef { off: 0, rs: 0, cs: 0 },
+                b: MatRef {
+                    off: 0,
+                    rs: 0,
+                    cs: 0,
+                },
                 c: mat(c, None, end, 0),
             });
         }
@@ -499,8 +509,16 @@ pub fn packed_problems(
                 m: plan.m,
                 n: plan.n - end,
                 k: 0,
-                a: MatRef { off: 0, rs: 0, cs: 0 },
-                b: MatRef { off: 0, rs: 0, cs: 0 },
+                a: MatRef {
+                    off: 0,
+                    rs: 0,
+                    cs: 0,
+                },
+                b: MatRef {
+                    off: 0,
+                    rs: 0,
+                    cs: 0,
+                },
                 c: mat(c, None, 0, end),
             });
         }
@@ -633,23 +651,35 @@ mod tests {
         let p = plan_packed(&c(&[10, 4]), &c(&[3, 4, 5]), Some(3)).unwrap();
         assert_eq!((p.form, p.out_shape.clone()), (Form::GroupedM, vec![10, 5]));
         let p = plan_packed(&c(&[4, 10]), &c(&[10, 5]), Some(3)).unwrap();
-        assert_eq!((p.form, p.out_shape.clone()), (Form::GroupedK, vec![3, 4, 5]));
+        assert_eq!(
+            (p.form, p.out_shape.clone()),
+            (Form::GroupedK, vec![3, 4, 5])
+        );
         let p = plan_packed(&c(&[3, 4, 6]), &c(&[6, 10]), Some(3)).unwrap();
         assert_eq!((p.form, p.out_shape.clone()), (Form::GroupedN, vec![4, 10]));
         let p = plan_packed(&c(&[3, 4, 6]), &c(&[3, 6, 2]), None).unwrap();
-        assert_eq!((p.form, p.out_shape.clone()), (Form::Batched, vec![3, 4, 2]));
+        assert_eq!(
+            (p.form, p.out_shape.clone()),
+            (Form::Batched, vec![3, 4, 2])
+        );
     }
 
     #[test]
     fn errors_name_the_argument() {
         let e = plan_packed(&c(&[10, 4]), &c(&[3, 5, 5]), Some(3)).unwrap_err();
-        assert!(e.to_string().starts_with("b: expected shape [G=3, K=4, N]"), "{e}");
+        assert!(
+            e.to_string().starts_with("b: expected shape [G=3, K=4, N]"),
+            "{e}"
+        );
         let e = plan_packed(&c(&[10, 4]), &c(&[3, 4, 5]), None).unwrap_err();
         assert!(e.to_string().starts_with("offs: required"), "{e}");
         let e = plan_packed(&c(&[10]), &c(&[3, 4, 5]), Some(3)).unwrap_err();
         assert!(e.to_string().starts_with("a: expected a 2- or 3-D"), "{e}");
         let e = plan_list(&[c(&[2, 3])], &[c(&[4, 1])]).unwrap_err();
-        assert!(e.to_string().starts_with("Bs[0]: expected shape [K=3, N]"), "{e}");
+        assert!(
+            e.to_string().starts_with("Bs[0]: expected shape [K=3, N]"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -662,15 +692,21 @@ mod tests {
     }
 
     #[test]
-    fn clamp_keeps_spans_in_range() {
-        let offs = [5, -3, 100, 7];
-        let mut prev_end = 0;
-        for g in 0..offs.len() {
-            let (s, e) = clamp_group(&offs, g, 10);
-            assert!(s <= e && e <= 10);
-            assert!(g == 0 || s == clamp_group(&offs, g - 1, 10).1.min(10) || s >= prev_end.min(s));
-            prev_end = e;
+    fn clamped_spans_are_in_range_ordered_and_disjoint() {
+        for offs in [
+            vec![5, -3, 100, 7],
+            vec![2, 2, 7],
+            vec![-1, -1],
+            vec![9, 3, 4, 12],
+        ] {
+            let spans = clamp_spans(&offs, 10);
+            let mut prev_end = 0;
+            for &(s, e) in &spans {
+                assert!(s == prev_end && s <= e && e <= 10, "{offs:?} -> {spans:?}");
+                prev_end = e;
+            }
         }
+        assert_eq!(clamp_spans(&[2, 2, 7], 10), vec![(0, 2), (2, 2), (2, 7)]);
     }
 
     #[test]
