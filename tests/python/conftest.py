@@ -36,7 +36,15 @@ FUZZ_EXAMPLES = int(os.environ.get("GROUPMM_FUZZ_EXAMPLES", 4000 if os.environ.g
 
 # --------------------------------------------------------------------------- devices
 
-HAS_CUDA = torch.cuda.is_available()
+
+def _cuda_build() -> bool:
+    import groupmm
+
+    return bool(groupmm.build_info().get("cuda"))
+
+
+#: a GPU and a groupmm built with CUDA (a CPU-only build refuses cuda tensors by design)
+HAS_CUDA = torch.cuda.is_available() and _cuda_build()
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 
 
@@ -44,7 +52,7 @@ def pytest_collection_modifyitems(config, items):
     """Skip ``cuda`` tests when there is no GPU."""
     if HAS_CUDA:
         return
-    skip_cuda = pytest.mark.skip(reason="needs a CUDA GPU")
+    skip_cuda = pytest.mark.skip(reason="needs a CUDA GPU and a CUDA build of groupmm")
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip_cuda)

@@ -202,3 +202,24 @@ def test_torch_ops_called_directly_are_differentiable():
         _close(x, y)
     assert gradcheck(lambda a, b: torch.ops.groupmm.grouped_mm(a, b, offs, None), (a, b))
     assert gradgradcheck(lambda a, b: torch.ops.groupmm.grouped_mm(a, b, offs, None), (a, b))
+
+
+@pytest.mark.parametrize("form", ["2d3d", "2d2d", "3d2d", "3d3d"])
+@pytest.mark.parametrize("which", ["a", "b"])
+def test_gradgradcheck_one_input_requires_grad(form, which):
+    a, b, offs = make_packed(form, **PACKED_CASES[form][0], seed=30)
+    if which == "a":
+        assert gradgradcheck(lambda a: grouped_mm(a, b, offs=offs), (a.requires_grad_(True),))
+    else:
+        assert gradgradcheck(lambda b: grouped_mm(a, b, offs=offs), (b.requires_grad_(True),))
+
+
+def test_gradgradcheck_list_mixed_requires_grad():
+    As, Bs = make_list(LIST_CASES[0], seed=31)
+    a0, b1 = As[0].requires_grad_(True), Bs[1].requires_grad_(True)
+
+    def f(a0, b1):
+        return tuple(grouped_mm([a0, *As[1:]], [Bs[0], b1, *Bs[2:]]))
+
+    assert gradcheck(f, (a0, b1))
+    assert gradgradcheck(f, (a0, b1))
