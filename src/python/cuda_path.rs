@@ -12,7 +12,8 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
-const NOT_COMPILED: &str = "groupmm was built without CUDA support, so it cannot run on cuda tensors. \
+const NOT_COMPILED: &str =
+    "groupmm was built without CUDA support, so it cannot run on cuda tensors. \
 Rebuild it with nvcc on PATH (or CUDA_HOME set) and the CUTLASS headers available \
 (pip install nvidia-cutlass==4.2.0.0, or CUTLASS_DIR=...): GROUPMM_CUDA=1 pip install . ; \
 groupmm.build_info() tells what a build holds";
@@ -83,7 +84,10 @@ fn stream_and_tf32(py: Python<'_>, dev: i32) -> PyResult<(u64, bool)> {
     let stream = match &t.raw_stream {
         Some(f) => f.bind(py).call1((dev,))?.extract::<u64>()?,
         None => {
-            return Err(Error::Cuda("torch was built without CUDA; cannot run on cuda tensors".into()).into())
+            return Err(Error::Cuda(
+                "torch was built without CUDA; cannot run on cuda tensors".into(),
+            )
+            .into())
         }
     };
     let tf32 = match &t.allow_tf32 {
@@ -95,13 +99,23 @@ fn stream_and_tf32(py: Python<'_>, dev: i32) -> PyResult<(u64, bool)> {
 
 /// A uint8 device buffer of `bytes` from torch's caching allocator (stream-ordered on
 /// the current stream, so dropping it after the launch is safe).
-fn device_bytes<'py>(py: Python<'py>, like: &Arg<'py>, bytes: usize) -> PyResult<Option<Bound<'py, PyAny>>> {
+fn device_bytes<'py>(
+    py: Python<'py>,
+    like: &Arg<'py>,
+    bytes: usize,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
     if bytes == 0 {
         return Ok(None);
     }
     let t = torch(py)?;
     let dev = like.obj.getattr(intern!(py, "device"))?;
-    Ok(Some(t.alloc(py, &[bytes], t.uint8.bind(py), Some(&dev), false)?))
+    Ok(Some(t.alloc(
+        py,
+        &[bytes],
+        t.uint8.bind(py),
+        Some(&dev),
+        false,
+    )?))
 }
 
 fn data_ptr(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
@@ -136,7 +150,11 @@ fn target<'py>(
     }
 }
 
-pub(super) fn packed<'py>(py: Python<'py>, p: &Packed<'py>, out: Option<Arg<'py>>) -> PyResult<Bound<'py, PyAny>> {
+pub(super) fn packed<'py>(
+    py: Python<'py>,
+    p: &Packed<'py>,
+    out: Option<Arg<'py>>,
+) -> PyResult<Bound<'py, PyAny>> {
     if !cuda::compiled() {
         return Err(Error::Cuda(NOT_COMPILED.into()).into());
     }
@@ -212,13 +230,24 @@ pub(super) fn list<'py>(
     let targets: Vec<Arg<'py>> = dims
         .iter()
         .enumerate()
-        .map(|(i, d)| target(py, first, outs.as_ref().map(|o| &o[i]), &[d.m, d.n], out_dtype))
+        .map(|(i, d)| {
+            target(
+                py,
+                first,
+                outs.as_ref().map(|o| &o[i]),
+                &[d.m, d.n],
+                out_dtype,
+            )
+        })
         .collect::<PyResult<_>>()?;
     let (stream, allow_tf32) = stream_and_tf32(py, dev)?;
     let launch = ListLaunch {
         dtype: first.dtype(),
         out_dtype,
-        dims: dims.iter().map(|d| (d.m as i64, d.n as i64, d.k as i64)).collect(),
+        dims: dims
+            .iter()
+            .map(|d| (d.m as i64, d.n as i64, d.k as i64))
+            .collect(),
         a: a.iter().map(operand).collect(),
         b: b.iter().map(operand).collect(),
         c: targets.iter().map(operand).collect(),

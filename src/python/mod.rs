@@ -30,6 +30,9 @@ impl From<Error> for PyErr {
     }
 }
 
+/// `(dA, dB)` of a backward call, each `None` when not requested.
+type Grads<'py, T> = (Option<Bound<'py, T>>, Option<Bound<'py, T>>);
+
 /// Runs `f`, turning a Rust panic into a `RuntimeError`.
 fn guard<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
@@ -75,10 +78,14 @@ fn resolve_out_dtype(
                         .unwrap_or_else(|_| "?".into())
                 ))
             })?;
-            [("float16", DType::F16), ("float32", DType::F32), ("float64", DType::F64)]
-                .into_iter()
-                .find(|(n, _)| d.eq(*n).unwrap_or(false))
-                .map(|(_, t)| t)
+            [
+                ("float16", DType::F16),
+                ("float32", DType::F32),
+                ("float64", DType::F64),
+            ]
+            .into_iter()
+            .find(|(n, _)| d.eq(*n).unwrap_or(false))
+            .map(|(_, t)| t)
         }
     };
     match found {
@@ -296,7 +303,11 @@ fn prepare_packed<'py>(
         same_as(o, &a)?;
         tensor::need_1d(o)?;
     }
-    let plan = shape::plan_packed(&a.layout, &b.layout, offs.as_ref().map(|o| o.layout.shape[0]))?;
+    let plan = shape::plan_packed(
+        &a.layout,
+        &b.layout,
+        offs.as_ref().map(|o| o.layout.shape[0]),
+    )?;
     Ok(Packed {
         a,
         b,
@@ -308,7 +319,11 @@ fn prepare_packed<'py>(
 
 /// Computes a prepared packed product into `out` (allocated when `None`) and returns
 /// the output object.
-fn run_packed<'py>(py: Python<'py>, p: &Packed<'py>, out: Option<Arg<'py>>) -> PyResult<Bound<'py, PyAny>> {
+fn run_packed<'py>(
+    py: Python<'py>,
+    p: &Packed<'py>,
+    out: Option<Arg<'py>>,
+) -> PyResult<Bound<'py, PyAny>> {
     if let Some(o) = &out {
         check_out_arg(o, &p.plan.out_shape, p.out_dtype, &p.a, &[&p.a, &p.b])?;
     }
@@ -323,9 +338,17 @@ fn run_packed<'py>(py: Python<'py>, p: &Packed<'py>, out: Option<Arg<'py>>) -> P
                 Some(o) => o,
                 None => alloc_like(py, &p.a, "out", &p.plan.out_shape, p.out_dtype, false)?,
             };
-            let problems =
-                shape::packed_problems(&p.plan, &p.a.layout, &p.b.layout, &out.layout, offs_vals.as_deref());
-            let problems: Vec<Problem> = problems.into_iter().map(|q| Problem { group: 0, ..q }).collect();
+            let problems = shape::packed_problems(
+                &p.plan,
+                &p.a.layout,
+                &p.b.layout,
+                &out.layout,
+                offs_vals.as_deref(),
+            );
+            let problems: Vec<Problem> = problems
+                .into_iter()
+                .map(|q| Problem { group: 0, ..q })
+                .collect();
             // SAFETY: problems come from packed_problems on the live arrays' layouts
             // (offs checked), the output was validated non-overlapping and disjoint
             // from the inputs, and every object stays referenced by `p`/`out` here.
@@ -391,7 +414,7 @@ fn grouped_mm_backward<'py>(
     offs: Option<&Bound<'py, PyAny>>,
     need_a: bool,
     need_b: bool,
-) -> PyResult<(Option<Bound<'py, PyAny>>, Option<Bound<'py, PyAny>>)> {
+) -> PyResult<Grads<'py, PyAny>> {
     guard(|| {
         let grad = tensor::read(py, "grad", grad, false)?;
         let a = tensor::read(py, "a", a, false)?;
@@ -474,7 +497,9 @@ fn list_impl<'py>(
     if a.is_empty() {
         if let Some(o) = &outs {
             if !o.is_empty() {
-                return Err(Error::Shape(format!("out: expected 0 tensors, found {}", o.len())).into());
+                return Err(
+                    Error::Shape(format!("out: expected 0 tensors, found {}", o.len())).into(),
+                );
             }
         }
         return Ok(PyList::empty(py));
@@ -539,7 +564,7 @@ fn grouped_mm_list_backward<'py>(
     b_list: &Bound<'py, PyAny>,
     need_a: bool,
     need_b: bool,
-) -> PyResult<(Option<Bound<'py, PyList>>, Option<Bound<'py, PyList>>)> {
+) -> PyResult<Grads<'py, PyList>> {
     guard(|| {
         let g = read_seq(py, "grads", grads)?;
         let a = read_seq(py, "As", a_list)?;
@@ -567,8 +592,16 @@ fn grouped_mm_list_backward<'py>(
         }
         let bt: Vec<_> = b.iter().map(Arg::transposed).collect();
         let at: Vec<_> = a.iter().map(Arg::transposed).collect();
-        let da = if need_a { Some(list_impl(py, &g, &bt, None, None)?) } else { None };
-        let db = if need_b { Some(list_impl(py, &at, &g, None, None)?) } else { None };
+        let da = if need_a {
+            Some(list_impl(py, &g, &bt, None, None)?)
+        } else {
+            None
+        };
+        let db = if need_b {
+            Some(list_impl(py, &at, &g, None, None)?)
+        } else {
+            None
+        };
         Ok((da, db))
     })
 }
@@ -577,7 +610,11 @@ fn grouped_mm_list_backward<'py>(
 /// `ValueError` from the shape rules.
 #[pyfunction]
 #[pyo3(signature = (a_shape, b_shape, offs_len=None))]
-fn packed_out_shape(a_shape: Vec<usize>, b_shape: Vec<usize>, offs_len: Option<usize>) -> PyResult<Vec<usize>> {
+fn packed_out_shape(
+    a_shape: Vec<usize>,
+    b_shape: Vec<usize>,
+    offs_len: Option<usize>,
+) -> PyResult<Vec<usize>> {
     guard(|| {
         let la = shape::Layout::contiguous(&a_shape);
         let lb = shape::Layout::contiguous(&b_shape);

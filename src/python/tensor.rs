@@ -7,10 +7,10 @@ use crate::error::{Error, Result};
 use crate::shape::{fmt_shape, Layout};
 use crate::DType;
 use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyType};
-use pyo3::intern;
 
 /// Cached torch objects.
 pub(crate) struct Torch {
@@ -47,7 +47,9 @@ impl Torch {
         if let Some(t) = TORCH.get(py) {
             return Ok(Some(t));
         }
-        let modules = py.import(intern!(py, "sys"))?.getattr(intern!(py, "modules"))?;
+        let modules = py
+            .import(intern!(py, "sys"))?
+            .getattr(intern!(py, "modules"))?;
         if !modules.contains(intern!(py, "torch"))? {
             return Ok(None);
         }
@@ -57,12 +59,20 @@ impl Torch {
             let get = |n: &str| -> PyResult<Py<PyAny>> { Ok(torch.getattr(n)?.unbind()) };
             Ok(Torch {
                 tensor_type: torch.getattr("Tensor")?.cast_into::<PyType>()?.unbind(),
-                dtypes: [get("float16")?, get("bfloat16")?, get("float32")?, get("float64")?],
+                dtypes: [
+                    get("float16")?,
+                    get("bfloat16")?,
+                    get("float32")?,
+                    get("float64")?,
+                ],
                 int32: get("int32")?,
                 uint8: get("uint8")?,
                 empty: get("empty")?,
                 zeros: get("zeros")?,
-                raw_stream: c.getattr("_cuda_getCurrentRawStream").ok().map(Bound::unbind),
+                raw_stream: c
+                    .getattr("_cuda_getCurrentRawStream")
+                    .ok()
+                    .map(Bound::unbind),
                 allow_tf32: c.getattr("_get_cublas_allow_tf32").ok().map(Bound::unbind),
             })
         })?;
@@ -301,7 +311,9 @@ fn read_numpy<'py>(
     };
     if !arr.is_aligned() {
         // rare: an unaligned view; work on an aligned copy (inputs only).
-        arr = obj.call_method0(intern!(py, "copy"))?.cast_into::<PyUntypedArray>()?;
+        arr = obj
+            .call_method0(intern!(py, "copy"))?
+            .cast_into::<PyUntypedArray>()?;
     }
     let es = dtype.map(DType::size).unwrap_or(4) as isize;
     let shape = arr.shape().to_vec();
