@@ -128,7 +128,7 @@ fn empty_groups_and_tail_are_zero() {
     let a = Array2::<f32>::ones((5, 3));
     let b = Array3::<f32>::ones((3, 3, 2));
     let y = api::mm_2d_3d(a.view(), b.view(), &[0, 0, 0]).unwrap();
-    assert_eq!(y, Array2::zeros((5, 2)));
+    assert_eq!(y, Array2::<f32>::zeros((5, 2)));
     // GroupedK: empty groups give zero blocks, the tail columns of a are ignored
     let a = Array2::<f32>::ones((2, 6));
     let b = Array2::<f32>::ones((6, 3));
