@@ -454,10 +454,16 @@ def grouped_mm(
         return _native_mm(a, b, offs, out_dtype, out)
     _check_out_dtype(out_dtype)
     direct = _direct(a, b, offs)
+    if direct:
+        a, b = _dense("a", a), _dense("b", b)
+        if isinstance(offs, Tensor):
+            offs = _dense("offs", offs)
     if out is not None:
         if not isinstance(out, Tensor):
             raise TypeError(f"out: expected a torch.Tensor, found {type(out).__name__}")
         _check_out_grad(out, (a, b))
+        if direct:
+            _dense("out", out, output=True)
         # like torch.mm(out=): autocast does not apply to out= calls
         if direct:
             _native_mm(a, b, offs, out_dtype, out)
@@ -474,6 +480,19 @@ def grouped_mm(
     if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
         return GroupedMM.apply(a, b, offs, out_dtype)
     return _native_mm(a, b, offs, out_dtype)
+
+
+def _dense(name: str, t: Tensor, output: bool = False) -> Tensor:
+    """The extension reads raw strided memory: refuse sparse/other layouts by name, and
+    apply a pending negation (``t.is_neg()``, a lazy view) to inputs; an output cannot
+    carry one."""
+    if t.layout != torch.strided:
+        raise TypeError(f"{name}: expected a dense (strided) tensor, found layout {t.layout}")
+    if t.is_neg():
+        if output:
+            raise ValueError(f"{name}: is a lazily negated view (is_neg()); pass a plain tensor")
+        return t.resolve_neg()
+    return t
 
 
 def _bump_version(*outs: Tensor) -> None:
@@ -517,6 +536,9 @@ def _grouped_mm_list(As: Sequence, Bs: Sequence, out_dtype, out):
         return list(_native_list(As, Bs, out_dtype, out))
     _check_out_dtype(out_dtype)
     direct = _direct(*As, *Bs)
+    if direct:
+        As = [_dense(f"As[{i}]", x) for i, x in enumerate(As)]
+        Bs = [_dense(f"Bs[{i}]", x) for i, x in enumerate(Bs)]
     if out is not None:
         if not isinstance(out, (list, tuple)):
             raise TypeError(
@@ -528,6 +550,8 @@ def _grouped_mm_list(As: Sequence, Bs: Sequence, out_dtype, out):
             raise TypeError(f"out[{bad}]: expected a torch.Tensor, found {type(out[bad]).__name__}")
         _check_out_grad(out, (*As, *Bs))
         if direct and _direct(*out):
+            for i, o in enumerate(out):
+                _dense(f"out[{i}]", o, output=True)
             res = list(_native_list(As, Bs, out_dtype, out))
             _bump_version(*out)
             return res

@@ -379,6 +379,39 @@ def mixed_devices_meta_b():
     return packed(RuntimeError, "b", x, w.to("meta"), o)
 
 
+@case
+def sparse_a():
+    x, w, o = x_w_offs()
+    return packed(TypeError, "a", x.to_sparse(), w, o)
+
+
+@case
+def sparse_b():
+    x, w, o = x_w_offs()
+    return packed(TypeError, "b", x, w.to_sparse(), o)
+
+
+@case
+def sparse_csr_list_entry():
+    As, Bs, outs = list_ops()
+    return listed(TypeError, "Bs[0]", As, [Bs[0].to_sparse_csr(), Bs[1]], outs)
+
+
+@case
+def out_lazily_negated():
+    x, w, o = x_w_offs()
+    base = sentinel(10, 5)
+    snapshot = base.clone()
+    bad = packed(ValueError, "out", x, w, o, torch._neg_view(base))
+    return bad._replace(bufs=[(base, snapshot)])
+
+
+@case
+def list_sparse_entry():
+    As, Bs, outs = list_ops()
+    return listed(TypeError, "As[1]", [As[0], As[1].to_sparse()], Bs, outs)
+
+
 # ---------------------------------------------------------------- list form
 
 

@@ -40,6 +40,7 @@ PACKED_MUTATIONS = [
     "offs_not_tensor",
     "dtype_mix",
     "dtype_unsupported",
+    "a_sparse",
     "a_not_tensor",
     "b_not_tensor",
     "out_dtype_bad",
@@ -87,7 +88,9 @@ class Case:
 def _layout(draw, t: torch.Tensor) -> torch.Tensor:
     """The same values (or, for 'expanded', values broadcast along dim 0) in a
     non-contiguous layout."""
-    how = draw(st.sampled_from(["contig", "contig", "transposed", "sliced", "expanded"]))
+    how = draw(st.sampled_from(["contig", "contig", "transposed", "sliced", "expanded", "neg"]))
+    if how == "neg":  # a lazily negated view of -t: the values of t
+        return torch._neg_view(t.neg())
     if how == "transposed" and t.dim() >= 2:
         return t.mT.contiguous().mT
     if how == "sliced" and t.dim() >= 2:
@@ -195,6 +198,8 @@ def packed_case(draw, device: str):
         bad = draw(st.sampled_from([torch.int32, torch.int64, torch.complex64, torch.bool]))
         a, b, c.expect = a.to(bad), b.to(bad), "a"
         c.numpy = False
+    elif mutation == "a_sparse" and a.dim() == 2:
+        a, c.expect, c.numpy = a.detach().to_sparse(), "a", False
     elif mutation == "a_not_tensor":
         a, c.expect = draw(st.sampled_from([None, 1.5, "a", object()])), "a"
     elif mutation == "b_not_tensor":
@@ -314,7 +319,7 @@ def _to_numpy(x):
     if isinstance(x, torch.Tensor):
         if x.dtype not in NP_DTYPES and x.dtype != I32:
             return x
-        return x.detach().cpu().numpy()
+        return x.detach().cpu().resolve_neg().numpy()
     if isinstance(x, (list, tuple)):
         return type(x)(_to_numpy(v) for v in x)
     if isinstance(x, dict):

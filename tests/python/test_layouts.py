@@ -126,3 +126,20 @@ def test_list_strided_inputs_and_grads():
     for a, b, sa, sb in zip(As, Bs, sAs, sBs):
         _close(sa.grad, torch.ones(a.shape[0], b.shape[1], dtype=F64) @ b.mT)
         _close(sb.grad, a.mT @ torch.ones(a.shape[0], b.shape[1], dtype=F64))
+
+
+def test_lazily_negated_inputs():
+    """``torch._neg_view`` tensors carry a pending negation that raw memory does not."""
+    a, b, offs = make_packed("2d3d", **FORM_DIMS["2d3d"], seed=7)
+    na = torch._neg_view(a)
+    assert na.is_neg()
+    _close(grouped_mm(na, b, offs=offs), ref_packed(-a, b, offs))
+    leaf = b.clone().requires_grad_(True)
+    out = grouped_mm(a, torch._neg_view(leaf), offs=offs)
+    _close(out, ref_packed(a, -b, offs))
+    out.sum().backward()
+    ref = ref_packed(a, -b.requires_grad_(True), offs)
+    (rb,) = torch.autograd.grad(ref.sum(), b)
+    _close(leaf.grad, rb)
+    As, Bs = make_list([(3, 4, 5)], seed=8)
+    _close(grouped_mm([torch._neg_view(As[0])], Bs)[0], -As[0] @ Bs[0])
