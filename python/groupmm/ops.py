@@ -488,6 +488,11 @@ def _dense(name: str, t: Tensor, output: bool = False) -> Tensor:
     carry one."""
     if t.layout != torch.strided:
         raise TypeError(f"{name}: expected a dense (strided) tensor, found layout {t.layout}")
+    if output and t.is_inference() and not torch.is_inference_mode_enabled():
+        raise RuntimeError(
+            f"{name}: is an inference tensor; like any in-place update it can only be "
+            "written inside torch.inference_mode()"
+        )
     if t.is_neg():
         if output:
             raise ValueError(f"{name}: is a lazily negated view (is_neg()); pass a plain tensor")

@@ -407,6 +407,22 @@ def out_lazily_negated():
 
 
 @case
+def out_inference_tensor_outside_inference_mode():
+    x, w, o = x_w_offs()
+    with torch.inference_mode():
+        out = sentinel(10, 5)
+    return packed(RuntimeError, "out", x, w, o, out)
+
+
+@case
+def list_out_inference_tensor():
+    As, Bs, outs = list_ops()
+    with torch.inference_mode():
+        outs[1] = sentinel(5, 1)
+    return listed(RuntimeError, "out[1]", As, Bs, outs)
+
+
+@case
 def list_sparse_entry():
     As, Bs, outs = list_ops()
     return listed(TypeError, "As[1]", [As[0], As[1].to_sparse()], Bs, outs)

@@ -107,3 +107,11 @@ def test_out_bumps_the_version_counter(form):
     assert out._version > v0
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.backward()
+
+
+def test_out_inference_tensor_inside_inference_mode():
+    a, b, offs = make_packed("3d3d", 2, 3, 4, 5, 0, seed=6)
+    with torch.inference_mode():
+        out = torch.full((2, 3, 4), SENTINEL, dtype=a.dtype)
+        assert grouped_mm(a, b, offs=offs, out=out) is out
+    assert torch.equal(out, grouped_mm(a, b))
