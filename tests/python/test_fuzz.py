@@ -226,7 +226,8 @@ def packed_case(draw, device: str):
             # dtype is wrong too: every variant names out
             stride = [0 if out_numel > 1 else 1] * len(out_shape)
             out = a.detach().as_strided(out_shape, stride, a.storage_offset())
-            c.expect = "out"
+            # (torch only: converting a negated view to numpy copies it, ending the alias)
+            c.expect, c.numpy = "out", False
     elif mutation == "bias":
         kw["bias"], c.expect = torch.zeros(1, device=device), "bias"
     if c.expect and use_out is False and out is None and draw(st.booleans()):
