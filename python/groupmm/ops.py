@@ -45,7 +45,10 @@ def _direct(*tensors) -> bool:
         return False
     # non-tensors (None, numpy arrays, bad arguments) go to the extension, which
     # reports bad ones by name
-    return all(type(t) in _PLAIN for t in tensors if isinstance(t, Tensor))
+    for t in tensors:
+        if isinstance(t, Tensor) and type(t) not in _PLAIN:
+            return False
+    return True
 
 
 # --------------------------------------------------------------------------- autocast
@@ -474,7 +477,7 @@ def grouped_mm(
     if not direct:
         # compiling or tracing: the custom op (autograd and autocast registered on it)
         return torch.ops.groupmm.grouped_mm(a, b, offs, out_dtype)
-    cast = _autocast_dtype(a.device.type)
+    cast = _autocast_dtype("cuda" if a.is_cuda else "cpu" if a.is_cpu else "")
     if cast is not None:
         a, b = _cast(a, cast), _cast(b, cast)
     if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
@@ -567,7 +570,8 @@ def _grouped_mm_list(As: Sequence, Bs: Sequence, out_dtype, out):
     if len(As) != len(Bs):
         return list(_native_list(As, Bs, out_dtype))  # raises the length error
     if As:
-        cast = _autocast_dtype(As[0].device.type)
+        x = As[0]
+        cast = _autocast_dtype("cuda" if x.is_cuda else "cpu" if x.is_cpu else "")
         if cast is not None:
             As = [_cast(x, cast) for x in As]
             Bs = [_cast(x, cast) for x in Bs]
