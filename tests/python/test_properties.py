@@ -150,6 +150,12 @@ def test_list(p):
     sum(o.sum() for o in outs).backward()
     for t in ins:
         assert (t.grad is None) == (not t.requires_grad)
+    for a, b in zip(ins[:n], ins[n:]):
+        m, nn = a.shape[0], b.shape[1]
+        if b.requires_grad and m == 0:  # an empty group: exactly zero weight gradient
+            assert torch.count_nonzero(b.grad) == 0
+        if a.requires_grad and nn == 0:
+            assert torch.count_nonzero(a.grad) == 0
 
 
 @pytest.mark.parametrize("form", ["2d3d", "2d2d", "3d2d", "3d3d"])
