@@ -17,9 +17,8 @@ import statistics
 import sys
 import time
 
-import torch
-
 import groupmm
+import torch
 
 SHAPES = {
     # name: (E experts, K in, N out, T routed rows)
@@ -114,6 +113,11 @@ def run_case(name, E, K, N, T, routing, dtype, reps, torch_gmm):
             torch.mm(x[s:e].t(), dy[s:e], out=out[g])
         return out
 
+    def dense_fb():  # the three dense products of a forward+backward, same FLOPs
+        torch.mm(x, wd)
+        torch.mm(dy, wd.t())
+        torch.mm(x.t(), dy)
+
     xg = x.clone().requires_grad_()
     wg = w.clone().requires_grad_()
 
@@ -151,7 +155,7 @@ def run_case(name, E, K, N, T, routing, dtype, reps, torch_gmm):
             fb(groupmm.grouped_mm),
             fb(torch_gmm) if torch_gmm else None,
             None,
-            None,
+            dense_fb,
             3.0,
         ),
     }
@@ -160,13 +164,9 @@ def run_case(name, E, K, N, T, routing, dtype, reps, torch_gmm):
         t_ours, err_ours = try_bench(ours, reps)
         t_torch, err_torch = try_bench(theirs, reps) if theirs else (None, "no F.grouped_mm")
         t_loop, _ = try_bench(loop, max(5, reps // 5)) if loop else (None, None)
-        if dense is not None:
-            t_dense, _ = try_bench(dense, reps)
-        else:
-            # fwd+bwd dense peer: three dense products of the same FLOPs
-            t_dense = None
+        t_dense, _ = try_bench(dense, reps)
 
-        def tf(t):
+        def tf(t, mult=mult):
             return None if t is None else mult * flops / (t * 1e-3) / 1e12
 
         rows.append(
@@ -199,6 +199,7 @@ def host_cost(torch_gmm, n=2000):
     x = torch.randn(T, K, device=dev, dtype=torch.bfloat16)
     w = torch.randn(E, K, N, device=dev, dtype=torch.bfloat16)
     offs = torch.tensor([T // E] * E, device=dev).cumsum(0).to(torch.int32)
+
     xg = x.clone().requires_grad_()
     wg = w.clone().requires_grad_()
     gy = torch.randn(T, N, device=dev, dtype=torch.bfloat16)
@@ -217,9 +218,7 @@ def host_cost(torch_gmm, n=2000):
     res = {
         "groupmm fwd": per_call(lambda: groupmm.grouped_mm(x, w, offs=offs)),
         "torch.mm fwd": per_call(lambda: torch.mm(x, w[0])),
-        "groupmm fwd+bwd": per_call(
-            lambda: groupmm.grouped_mm(xg, wg, offs=offs).backward(gy)
-        ),
+        "groupmm fwd+bwd": per_call(lambda: groupmm.grouped_mm(xg, wg, offs=offs).backward(gy)),
     }
     if torch_gmm:
         res["F.grouped_mm fwd"] = per_call(lambda: torch_gmm(x, w, offs=offs))
@@ -232,7 +231,9 @@ def fmt(v, spec=".0f"):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
     p.add_argument("--reps", type=int, default=25)
     p.add_argument("--shapes", default=",".join(SHAPES))
@@ -251,12 +252,16 @@ def main(argv=None):
         if args.quick:
             T //= 8
         for routing in args.routing.split(","):
-            rows += run_case(name, E, K, N, T, routing, dtype, 10 if args.quick else args.reps, torch_gmm)
+            rows += run_case(
+                name, E, K, N, T, routing, dtype, 10 if args.quick else args.reps, torch_gmm
+            )
             torch.cuda.empty_cache()
     host = host_cost(torch_gmm)
 
-    hdr = (f"{'shape':13} {'routing':8} {'pass':8} {'groupmm':>8} {'torch':>8} {'loop':>8} "
-           f"{'dense':>8} {'vs torch':>8} {'vs dense':>8}")
+    hdr = (
+        f"{'shape':13} {'routing':8} {'pass':8} {'groupmm':>8} {'torch':>8} {'loop':>8} "
+        f"{'dense':>8} {'vs torch':>8} {'vs dense':>8}"
+    )
     print(f"\nTFLOP/s, {args.dtype}, {dev_name}")
     print(hdr)
     ratios_torch, ratios_skewsmall = [], []
@@ -269,9 +274,11 @@ def main(argv=None):
             ratios_torch.append(vt)
             if r["routing"] == "skewed" or r["shape"] in ("small64", "qwen3-up", "qwen3-down"):
                 ratios_skewsmall.append(vt)
-        print(f"{r['shape']:13} {r['routing']:8} {r['pass']:8} {fmt(t['groupmm']):>8} "
-              f"{fmt(t['torch']):>8} {fmt(t['loop']):>8} {fmt(t['dense']):>8} "
-              f"{fmt(vt, '.2f'):>8} {fmt(vd, '.2f'):>8}")
+        print(
+            f"{r['shape']:13} {r['routing']:8} {r['pass']:8} {fmt(t['groupmm']):>8} "
+            f"{fmt(t['torch']):>8} {fmt(t['loop']):>8} {fmt(t['dense']):>8} "
+            f"{fmt(vt, '.2f'):>8} {fmt(vd, '.2f'):>8}"
+        )
         for who, err in r["errors"].items():
             if err and who == "groupmm":
                 print(f"   {who} failed: {err}")
@@ -279,14 +286,25 @@ def main(argv=None):
     def gmean(v):
         return math.exp(sum(math.log(x) for x in v) / len(v)) if v else None
 
-    print(f"\nmin ratio vs torch: {fmt(min(ratios_torch) if ratios_torch else None, '.2f')}; "
-          f"geomean all: {fmt(gmean(ratios_torch), '.2f')}; "
-          f"geomean skewed+small: {fmt(gmean(ratios_skewsmall), '.2f')}")
+    print(
+        f"\nmin ratio vs torch: {fmt(min(ratios_torch) if ratios_torch else None, '.2f')}; "
+        f"geomean all: {fmt(gmean(ratios_torch), '.2f')}; "
+        f"geomean skewed+small: {fmt(gmean(ratios_skewsmall), '.2f')}"
+    )
     print("host µs per small call: " + ", ".join(f"{k} {v:.1f}" for k, v in host.items()))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": dev_name, "torch": torch.__version__, "dtype": args.dtype,
-                       "rows": rows, "host_us": host}, f, indent=1)
+            json.dump(
+                {
+                    "device": dev_name,
+                    "torch": torch.__version__,
+                    "dtype": args.dtype,
+                    "rows": rows,
+                    "host_us": host,
+                },
+                f,
+                indent=1,
+            )
     if args.png:
         try:
             import matplotlib
@@ -298,8 +316,12 @@ def main(argv=None):
             xs = range(len(rows))
             fig, ax = plt.subplots(figsize=(max(10, len(rows) * 0.45), 5))
             for i, who in enumerate(["groupmm", "torch", "dense"]):
-                ax.bar([x + (i - 1) * 0.27 for x in xs], [r["tflops"][who] or 0 for r in rows],
-                       width=0.27, label=who)
+                ax.bar(
+                    [x + (i - 1) * 0.27 for x in xs],
+                    [r["tflops"][who] or 0 for r in rows],
+                    width=0.27,
+                    label=who,
+                )
             ax.set_xticks(list(xs))
             ax.set_xticklabels(labels, rotation=90, fontsize=6)
             ax.set_ylabel("TFLOP/s")

@@ -7,9 +7,8 @@ past the end) that must never read or write out of bounds.
 
 import sys
 
-import torch
-
 import groupmm
+import torch
 
 
 def main() -> int:
@@ -34,8 +33,13 @@ def main() -> int:
                 y = groupmm.grouped_mm(a, b, offs=o)
                 y.backward(torch.randn_like(y))
                 n += 1
-        As = [torch.randn(m, k, device=dev, dtype=dtype) for m, k in [(3, 5), (0, 4), (6, 0), (7, 9)]]
-        Bs = [torch.randn(k, n_, device=dev, dtype=dtype) for k, n_ in [(5, 2), (4, 3), (0, 5), (9, 8)]]
+        As = [
+            torch.randn(m, k, device=dev, dtype=dtype) for m, k in [(3, 5), (0, 4), (6, 0), (7, 9)]
+        ]
+        Bs = [
+            torch.randn(k, n_, device=dev, dtype=dtype)
+            for k, n_ in [(5, 2), (4, 3), (0, 5), (9, 8)]
+        ]
         groupmm.grouped_mm(As, Bs)
         n += 1
     x = torch.randn(20, 16, device=dev, dtype=torch.bfloat16)

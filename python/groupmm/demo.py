@@ -37,9 +37,11 @@ def _run(device: str) -> bool:
     err = (y.double() - ref.to(device)).abs().max().item()
     good = err < 1e-4 and y.grad_fn is not None
     ok &= good
-    print(f"[{device}] forward  x[{T},{K}] @ w[{E},{K},{N}] (offs={offs.tolist()}): "
-          f"max |err| vs float64 torch = {err:.2e}, grad_fn={type(y.grad_fn).__name__}  "
-          f"{'ok' if good else 'FAIL'}")
+    print(
+        f"[{device}] forward  x[{T},{K}] @ w[{E},{K},{N}] (offs={offs.tolist()}): "
+        f"max |err| vs float64 torch = {err:.2e}, grad_fn={type(y.grad_fn).__name__}  "
+        f"{'ok' if good else 'FAIL'}"
+    )
 
     gy = torch.randn_like(y)
     y.backward(gy)
@@ -51,22 +53,31 @@ def _run(device: str) -> bool:
     empty_zero = bool((w.grad[1] == 0).all())
     good = ex < 1e-4 and ew < 1e-4 and empty_zero
     ok &= good
-    print(f"[{device}] backward dX err {ex:.2e}, dW err {ew:.2e}, empty expert dW exactly 0: "
-          f"{empty_zero}  {'ok' if good else 'FAIL'}")
+    print(
+        f"[{device}] backward dX err {ex:.2e}, dW err {ew:.2e}, empty expert dW exactly 0: "
+        f"{empty_zero}  {'ok' if good else 'FAIL'}"
+    )
 
     xs = torch.randn(9, 3, dtype=torch.float64, device=device, requires_grad=True)
     ws = torch.randn(3, 3, 4, dtype=torch.float64, device=device, requires_grad=True)
     o = torch.tensor([2, 2, 7], dtype=torch.int32, device=device)
     good = torch.autograd.gradcheck(lambda a, b: groupmm.grouped_mm(a, b, offs=o), (xs, ws))
-    As = [torch.randn(m, k, dtype=torch.float64, device=device, requires_grad=True)
-          for m, k in [(2, 3), (0, 2), (4, 1)]]
-    Bs = [torch.randn(k, n, dtype=torch.float64, device=device, requires_grad=True)
-          for k, n in [(3, 5), (2, 2), (1, 3)]]
-    good &= torch.autograd.gradcheck(lambda *t: tuple(groupmm.grouped_mm(list(t[:3]), list(t[3:]))),
-                                     (*As, *Bs))
+    As = [
+        torch.randn(m, k, dtype=torch.float64, device=device, requires_grad=True)
+        for m, k in [(2, 3), (0, 2), (4, 1)]
+    ]
+    Bs = [
+        torch.randn(k, n, dtype=torch.float64, device=device, requires_grad=True)
+        for k, n in [(3, 5), (2, 2), (1, 3)]
+    ]
+    good &= torch.autograd.gradcheck(
+        lambda *t: tuple(groupmm.grouped_mm(list(t[:3]), list(t[3:]))), (*As, *Bs)
+    )
     ok &= good
-    print(f"[{device}] gradcheck float64, packed [T,K]x[G,K,N] and list form (an empty group): "
-          f"{'ok' if good else 'FAIL'}")
+    print(
+        f"[{device}] gradcheck float64, packed [T,K]x[G,K,N] and list form (an empty group): "
+        f"{'ok' if good else 'FAIL'}"
+    )
     return ok
 
 
@@ -75,10 +86,14 @@ def main(argv=None) -> int:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     args = p.parse_args(argv)
     info = groupmm.build_info()
-    print(f"groupmm {info['version']}: cuda={info['cuda']} archs={info['cuda_archs']} "
-          f"cutlass={info['cutlass']}; torch {torch.__version__}")
+    print(
+        f"groupmm {info['version']}: cuda={info['cuda']} archs={info['cuda_archs']} "
+        f"cutlass={info['cutlass']}; torch {torch.__version__}"
+    )
     devices = ["cpu"]
-    if args.device == "cuda" or (args.device == "auto" and info["cuda"] and torch.cuda.is_available()):
+    if args.device == "cuda" or (
+        args.device == "auto" and info["cuda"] and torch.cuda.is_available()
+    ):
         devices.append("cuda")
     if args.device == "cpu":
         devices = ["cpu"]

@@ -6,10 +6,9 @@ Skipped without a GPU or without a CUDA build of groupmm.
 
 import threading
 
+import groupmm
 import pytest
 import torch
-
-import groupmm
 
 pytestmark = [
     pytest.mark.cuda,
@@ -29,6 +28,8 @@ def no_stray_offs_errors(request):
     if "bad_offs" not in request.node.name:
         torch.cuda.synchronize()
         assert not groupmm._native.take_offs_error(torch.cuda.current_device())
+
+
 TOL = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 
 
@@ -73,7 +74,9 @@ def ref_packed(a, b, offs):
 
 def make(form, dtype, G=5, M=37, N=40, K=24, counts=None, device=DEV, seed=0):
     g = torch.Generator(device="cpu").manual_seed(seed)
-    counts = counts if counts is not None else [int(c) for c in torch.randint(0, 20, (G,), generator=g)]
+    counts = (
+        counts if counts is not None else [int(c) for c in torch.randint(0, 20, (G,), generator=g)]
+    )
     if len(counts) > 1:
         counts[1] = 0  # an empty group
     T = sum(counts) + 3  # 3 rows/cols past the last end
@@ -127,14 +130,14 @@ def test_tails_and_empty_groups_exact_zero(form):
     y = groupmm.grouped_mm(a, b, offs=offs)
     y.backward(torch.randn_like(y))
     if form == "2d3d":
-        assert (y[offs[-1].item():] == 0).all()
-        assert (a.grad[offs[-1].item():] == 0).all()
+        assert (y[offs[-1].item() :] == 0).all()
+        assert (a.grad[offs[-1].item() :] == 0).all()
         assert (b.grad[1] == 0).all() and (b.grad[3] == 0).all()
     if form == "2d2d":
         assert (y[1] == 0).all() and (y[3] == 0).all()
     if form == "3d2d":
-        assert (y[:, offs[-1].item():] == 0).all()
-        assert (b.grad[:, offs[-1].item():] == 0).all()
+        assert (y[:, offs[-1].item() :] == 0).all()
+        assert (b.grad[:, offs[-1].item() :] == 0).all()
 
 
 def test_k_zero_gives_zeros():
@@ -328,7 +331,9 @@ def test_random_group_shapes_property():
         G = int(torch.randint(1, 9, (1,), generator=g))
         dims = [int(v) for v in torch.randint(0, 80, (3,), generator=g)]
         counts = [int(v) for v in torch.randint(0, 40, (G,), generator=g)]
-        a, b, offs = make(form, dtype, G=G, M=dims[0], N=dims[1], K=dims[2], counts=counts, seed=trial)
+        a, b, offs = make(
+            form, dtype, G=G, M=dims[0], N=dims[1], K=dims[2], counts=counts, seed=trial
+        )
         y = groupmm.grouped_mm(a, b, offs=offs)
         assert rel_err(y, ref_packed(a, b, offs)) <= TOL[dtype], (form, dtype, G, dims, counts)
 
