@@ -27,6 +27,10 @@ const CUDA_SOURCES: &[(&str, bool)] = &[
     // Longest first: they start first when compiling in parallel.
     ("cuda/sm90_bf16_grouped.cu", true),
     ("cuda/sm90_f16_grouped.cu", true),
+    ("cuda/sm90_bf16_grouped_128x128.cu", true),
+    ("cuda/sm90_f16_grouped_128x128.cu", true),
+    ("cuda/sm90_bf16_grouped_ping64x128.cu", true),
+    ("cuda/sm90_f16_grouped_ping64x128.cu", true),
     ("cuda/sm80_bf16_grouped.cu", false),
     ("cuda/sm80_f16_grouped.cu", false),
     ("cuda/sm80_f32_f64_grouped.cu", false),

@@ -69,7 +69,11 @@ struct RunCtx {
 // Requires every problem of the set to be 16-byte aligned (base, leading dimension and
 // contiguous extent); the argument builders route the others to the fallback.
 // `config` is a tile configuration id picked by sm90_pick_config() (dispatch.cu).
-enum Sm90Config : int { kSm90Tile128x256 = 0 };
+enum Sm90Config : int {
+  kSm90Tile128x256 = 0,  // cooperative 128x256x64, cluster 2x1x1
+  kSm90Tile128x128 = 1,  // cooperative 128x128x64, cluster 1x1x1
+  kSm90Ping64x128 = 2,   // ping-pong 64x128x128, cluster 1x1x1
+};
 size_t sm90_bf16_workspace_bytes(int config, int combo, int64_t count, int sm_count);
 std::string sm90_bf16_run(int config, int combo, const GemmSet& s, const RunCtx& ctx);
 size_t sm90_f16_workspace_bytes(int config, int combo, int64_t count, int sm_count);

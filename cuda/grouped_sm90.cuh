@@ -26,12 +26,40 @@
 
 namespace gmm {
 
-// Tile configurations (another engineer tunes these; the choice lives in
-// sm90_pick_config()).
+// Tile configurations, one family per .cu file (they compile in parallel); the choice
+// lives in sm90_pick_config() (dispatch.cu). The group tile scheduler rounds each group's
+// M tiles up to the cluster's M extent, so a 2x1x1 cluster wastes a whole CTA on a group
+// with a single M tile: the small-expert configurations use 1x1x1 clusters.
+using CoopSched = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
+using CoopEpi = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+using PingSched = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
+using PingEpi = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
+
+// Large experts: the cooperative 128x256x64 tile, cluster 2x1x1 (B multicast).
 struct Sm90Cfg128x256 {
   using Tile = cute::Shape<cute::_128, cute::_256, cute::_64>;
   using Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
+  using Schedule = CoopSched;
+  using EpiSchedule = CoopEpi;
   static constexpr const char* name = "128x256x64 cluster 2x1x1 cooperative";
+};
+// Medium experts / short N: cooperative 128x128x64, cluster 1x1x1 (no cluster round-up).
+struct Sm90Cfg128x128 {
+  using Tile = cute::Shape<cute::_128, cute::_128, cute::_64>;
+  using Cluster = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  using Schedule = CoopSched;
+  using EpiSchedule = CoopEpi;
+  static constexpr const char* name = "128x128x64 cluster 1x1x1 cooperative";
+};
+// Small experts and short reductions (dW): ping-pong, each consumer warp group owns a
+// 64x128 tile with a 128-deep k step, so one group's epilogue overlaps the other's
+// mainloop; cluster 1x1x1.
+struct Sm90CfgPing64x128 {
+  using Tile = cute::Shape<cute::_64, cute::_128, cute::_128>;
+  using Cluster = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  using Schedule = PingSched;
+  using EpiSchedule = PingEpi;
+  static constexpr const char* name = "64x128x128 cluster 1x1x1 ping-pong";
 };
 
 // Pointer-to-pointer casts of the untyped GemmSet arrays.
@@ -48,14 +76,14 @@ struct Sm90Grouped {
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename Cfg::Tile,
       typename Cfg::Cluster, cutlass::epilogue::collective::EpilogueTileAuto, float, float, T,
-      LC*, kAlign, T, LC*, kAlign, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
+      LC*, kAlign, T, LC*, kAlign, typename Cfg::EpiSchedule,
       cutlass::epilogue::fusion::LinearCombination<T, float, T, float>>::CollectiveOp;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, T, LA*, kAlign, T, LB*, kAlign, float,
       typename Cfg::Tile, typename Cfg::Cluster,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename Epilogue::SharedStorage))>,
-      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
+      typename Cfg::Schedule>::CollectiveOp;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<Problem, Mainloop, Epilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
@@ -160,5 +188,25 @@ struct Sm90Family {
     }
   }
 };
+
+// Per-configuration entry points, each defined in its own .cu file (sm90_<dtype>_grouped
+// [_<config>].cu) and dispatched by sm90_<dtype>_run / _workspace_bytes.
+#define GMM_SM90_DECLARE(DT, CFG)                                                          \
+  size_t sm90_##DT##_##CFG##_workspace_bytes(int combo, int64_t count, int sm_count);     \
+  std::string sm90_##DT##_##CFG##_run(int combo, const GemmSet& s, const RunCtx& ctx);
+GMM_SM90_DECLARE(bf16, 128x128)
+GMM_SM90_DECLARE(bf16, ping64x128)
+GMM_SM90_DECLARE(f16, 128x128)
+GMM_SM90_DECLARE(f16, ping64x128)
+#undef GMM_SM90_DECLARE
+
+// Defines the two entry points of one (dtype, configuration) family.
+#define GMM_SM90_DEFINE(DT, CFG, T, CfgT, LABEL)                                           \
+  size_t sm90_##DT##_##CFG##_workspace_bytes(int combo, int64_t count, int sm_count) {    \
+    return Sm90Family<T, CfgT>::workspace_bytes(combo, count, sm_count);                  \
+  }                                                                                        \
+  std::string sm90_##DT##_##CFG##_run(int combo, const GemmSet& s, const RunCtx& ctx) {   \
+    return Sm90Family<T, CfgT>::run(combo, s, ctx, LABEL);                                 \
+  }
 
 }  // namespace gmm
