@@ -8,6 +8,7 @@
 #include "cutlass/version.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
@@ -211,9 +212,62 @@ struct Engines {
   Kind fallback = kNone;  // everything else
 };
 
-// The one place that picks the sm90 tile configuration.
-int sm90_pick_config(int /*dtype*/, int64_t /*groups*/, int64_t /*m*/, int64_t /*n*/,
-                     int64_t /*k*/) {
+// ---- sm90 tile configuration choice (the one place) --------------------------------
+//
+// GROUPMM_SM90_CONFIG = auto (default) | 128x256 | 128x128 | ping64x128 forces a
+// configuration (read once per process; for tuning and benchmarks).
+int sm90_forced_config() {
+  static const int forced = [] {
+    const char* v = std::getenv("GROUPMM_SM90_CONFIG");
+    if (v == nullptr || *v == 0 || std::strcmp(v, "auto") == 0) return -1;
+    if (std::strcmp(v, "128x256") == 0) return int(kSm90Tile128x256);
+    if (std::strcmp(v, "128x128") == 0) return int(kSm90Tile128x128);
+    if (std::strcmp(v, "ping64x128") == 0 || std::strcmp(v, "64x128") == 0)
+      return int(kSm90Ping64x128);
+    std::fprintf(stderr,
+                 "groupmm: GROUPMM_SM90_CONFIG=%s not understood (auto, 128x256, 128x128, "
+                 "ping64x128); using auto\n",
+                 v);
+    return -1;
+  }();
+  return forced;
+}
+
+// Picks the configuration from host-known values only (no device reads, no sync):
+// the form, G, the operand extents (m, n, k as passed to the packed launcher; for
+// GroupedM m = T total rows, for GroupedK k = T total reduction, for GroupedN n = total
+// columns) and the SM count. `form` < 0: the list form, with m = average rows of the
+// non-empty groups, n and k their maxima.
+//
+// Measured on an H200 (benches/NOTES-gpu.md, every config forced on every shape):
+// - The 128x256 cluster-2x1x1 tile wins wherever a group has >= 2 M tiles of 128 rows:
+//   every large shape, Qwen3-like experts (~256 rows), and every dW (GroupedK: the output
+//   per group is K x N, large; the reduction, the group's tokens, does not change the
+//   tiling). Smaller tiles there lose 5-30% (more tiles, and each tile that starts a new
+//   group pays the tensor-map updates of the ptr-array kernel).
+// - The group tile scheduler rounds each group's M tiles up to the cluster's M (2), so a
+//   group of <= 128 rows runs half its CTAs empty under 128x256/2x1x1: there 128x128 with
+//   a 1x1x1 cluster wins (+14-16% on 64 experts x 128 rows), and the 64x128 ping-pong
+//   tile for still smaller groups (<= 64 rows per group on average; extrapolated: it
+//   won by ~5% on skewed routing, where most groups hold < 64 rows).
+int sm90_pick_config(int form, int64_t groups, int64_t m, int64_t n, int64_t k,
+                     int sm_count) {
+  const int forced = sm90_forced_config();
+  if (forced >= 0) return forced;
+  if (groups <= 0 || m <= 0 || n <= 0 || k <= 0) return kSm90Tile128x256;
+  // Rows per group: the M extent each group's GEMM has (average over groups where M is
+  // the grouped dimension).
+  int64_t rows;
+  switch (form) {
+    case GMM_GROUPED_M: rows = m / groups; break;
+    default: rows = m; break;  // GroupedN / Batched: m per group; list: the average
+  }
+  // sm_count: no measured shape needed a wave-count rule (NOTES-gpu.md: a wave model
+  // over-predicted the small tiles); kept in the signature for the next rule.
+  (void)sm_count;
+  if (form == GMM_GROUPED_K) return kSm90Tile128x256;
+  if (rows <= 64) return kSm90Ping64x128;
+  if (rows <= 128) return kSm90Tile128x128;
   return kSm90Tile128x256;
 }
 
@@ -352,7 +406,7 @@ PackedPlan plan_packed(const gmm_packed& p, const DevInfo& dev) {
   if (p.form != GMM_BATCHED && p.offs == 0 && G > 0) throw Fail{"offs: null device pointer"};
   d.offs = reinterpret_cast<const int*>(p.offs);
   pl.combo = combo_of(d.a.major, d.b.major);
-  pl.config = sm90_pick_config(p.dtype, G, m, n, k);
+  pl.config = sm90_pick_config(p.form, G, m, n, k, dev.sm_count);
   d.primary_on = pl.en.primary != kNone;
 
   // Can the host prove every group 16-byte aligned? Bases, leading dims, batch strides
@@ -498,7 +552,7 @@ ListPlan plan_list(const gmm_list& l, const DevInfo& dev) {
     throw Fail{"null group arrays"};
   }
   const int ei = elem_size(l.dtype), eo = elem_size(l.out_dtype);
-  int64_t maxm = 0, maxn = 0, maxk = 0;
+  int64_t maxn = 0, maxk = 0, summ = 0, nonempty = 0;
   pl.route.assign(size_t(G), -1);
   // set index per (primary?, combo)
   int idx[2][4];
@@ -516,10 +570,11 @@ ListPlan plan_list(const gmm_list& l, const DevInfo& dev) {
     pl.a.push_back(a);
     pl.b.push_back(b);
     pl.c.push_back(c);
-    maxm = std::max(maxm, m);
     maxn = std::max(maxn, n);
     maxk = std::max(maxk, k);
     if (m == 0 || n == 0) continue;
+    summ += m;
+    nonempty++;
     if (k == 0) {
       pl.route[size_t(i)] = -2;
       pl.zero_count++;
@@ -543,7 +598,8 @@ ListPlan plan_list(const gmm_list& l, const DevInfo& dev) {
     pl.sets[size_t(s)].count++;
     pl.route[size_t(i)] = s;
   }
-  pl.config = sm90_pick_config(l.dtype, G, maxm, maxn, maxk);
+  pl.config = sm90_pick_config(-1, std::max<int64_t>(1, nonempty),
+                               nonempty > 0 ? summ / nonempty : 0, maxn, maxk, dev.sm_count);
   size_t off = 0;
   for (ListSet& s : pl.sets) {
     s.offset = off;
