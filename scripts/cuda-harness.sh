@@ -41,7 +41,7 @@ EXTRA=(${GROUPMM_NVCC_FLAGS:-})
 STAMP="$(echo "$ARCHS ${EXTRA[*]} $CUTLASS_INC" | md5sum | cut -c1-8)"
 
 SOURCES=(cuda/dispatch.cu cuda/sm80_bf16_grouped.cu cuda/sm80_f16_grouped.cu cuda/sm80_f32_f64_grouped.cu)
-[[ $HAS90A == 1 ]] && SOURCES=(cuda/sm90_bf16_grouped.cu cuda/sm90_f16_grouped.cu "${SOURCES[@]}")
+[[ $HAS90A == 1 ]] && SOURCES=(cuda/sm90_*.cu "${SOURCES[@]}")  # every sm90 config family
 HEADERS=(cuda/*.h cuda/*.cuh)
 
 build_one() {
