@@ -4,6 +4,9 @@ dense torch.mm of the same FLOPs, in one run, on MoE shapes.
     python benches/bench_gpu.py [--dtype bf16|fp16] [--reps 25] [--json out.json]
                                 [--png out.png] [--shapes name,...] [--quick]
 
+Timing: CUDA events around each call, calls issued back to back (see bench()); the host
+cost per call is reported separately. --isolated syncs after every call instead.
+
 Passes: fwd (x @ w), dX (dy @ wᵀ), dW (xᵀ @ dy grouped along T) and fwd+bwd through
 autograd. Routing: uniform and skewed (Zipf-like, some experts empty). Times are CUDA
 event medians after warm-up on random (non-zero) inputs. Also measures the host cost of
@@ -54,20 +57,29 @@ def counts_for(E: int, T: int, routing: str) -> list:
 
 
 def bench(fn, reps: int, warmup: int = 5) -> float:
-    """Median milliseconds of fn() over reps, CUDA events."""
+    """Median milliseconds per call of fn() over reps calls, CUDA events around each call.
+
+    Calls are issued back to back with no host sync between them (as in a training
+    step, and as triton's do_bench does), so the host's launch cost is hidden whenever
+    it is shorter than the GPU work; the host cost is measured on its own in
+    host_cost(). With --isolated, the host waits for each call to finish before issuing
+    the next, which puts the launch latency inside every timed call."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        s = torch.cuda.Event(enable_timing=True)
-        e = torch.cuda.Event(enable_timing=True)
-        s.record()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for i in range(reps):
+        starts[i].record()
         fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
-    return statistics.median(times)
+        ends[i].record()
+        if ISOLATED:
+            ends[i].synchronize()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+ISOLATED = False
 
 
 def try_bench(fn, reps):
@@ -241,7 +253,14 @@ def main(argv=None):
     p.add_argument("--json")
     p.add_argument("--png")
     p.add_argument("--quick", action="store_true", help="small T (÷8) and 10 reps")
+    p.add_argument(
+        "--isolated",
+        action="store_true",
+        help="sync after every timed call (launch latency inside the timing)",
+    )
     args = p.parse_args(argv)
+    global ISOLATED
+    ISOLATED = args.isolated
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     torch_gmm = getattr(torch.nn.functional, "grouped_mm", None)
     dev_name = torch.cuda.get_device_name()
