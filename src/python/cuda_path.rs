@@ -108,13 +108,12 @@ fn device_bytes<'py>(
         return Ok(None);
     }
     let t = torch(py)?;
-    let dev = like.obj.getattr(intern!(py, "device"))?;
-    Ok(Some(t.alloc(
-        py,
-        &[bytes],
-        t.uint8.bind(py),
-        Some(&dev),
-        false,
+    let kw = PyDict::new(py);
+    kw.set_item(intern!(py, "dtype"), t.uint8.bind(py))?;
+    Ok(Some(like.obj.call_method(
+        intern!(py, "new_empty"),
+        (vec![bytes],),
+        Some(&kw),
     )?))
 }
 

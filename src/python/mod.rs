@@ -265,6 +265,28 @@ fn alloc_like<'py>(
     let obj = match like.kind {
         Kind::Torch => {
             let t = Torch::get(py)?.expect("torch tensors imply torch");
+            if !zero {
+                // `like.new_empty` keeps like's device; we know everything about the
+                // fresh contiguous tensor but its address, so only that is read back.
+                let kw = PyDict::new(py);
+                kw.set_item(pyo3::intern!(py, "dtype"), t.dtype_obj(py, dtype))?;
+                let obj = like.obj.call_method(
+                    pyo3::intern!(py, "new_empty"),
+                    (shape.to_vec(),),
+                    Some(&kw),
+                )?;
+                let ptr: usize = obj.call_method0(pyo3::intern!(py, "data_ptr"))?.extract()?;
+                return Ok(Arg {
+                    name: name.to_string(),
+                    obj,
+                    kind: Kind::Torch,
+                    ptr,
+                    layout: shape::Layout::contiguous(shape),
+                    dtype: Some(dtype),
+                    dev: like.dev,
+                    transposed: false,
+                });
+            }
             let dev = match like.dev {
                 Dev::Cpu => None,
                 Dev::Cuda(_) => Some(like.obj.getattr(pyo3::intern!(py, "device"))?),
