@@ -217,6 +217,7 @@ unsafe fn run_tile<TI: Element, TO: Element>(g: &Gemm<TI, TO>) {
                 g.c_s.1,
             )
         },
+        // SAFETY: as the f64 arm, for f32.
         (DType::F32, DType::F32) => unsafe {
             matrixmultiply::sgemm(
                 g.m,
