@@ -87,6 +87,9 @@ def make_workloads(device: str):
             gmm(x, w, offs=offs, out=out)
         try:
             gmm(x, w, offs=bad_offs)
+            if device == "cuda":  # CUDA reports bad offs asynchronously, at the next call
+                torch.cuda.synchronize()
+                gmm(x, w, offs=offs)
         except ValueError:
             pass
         else:  # pragma: no cover
