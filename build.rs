@@ -351,6 +351,11 @@ fn build_cuda(nvcc: &Path, cutlass_inc: &Path) {
         "-std=c++17",
         "--expt-relaxed-constexpr",
         "-DNDEBUG",
+        // CUTLASS then calls cuTensorMapEncodeTiled by name; cuda/dispatch.cu defines
+        // it (hidden) on top of ONE cached cudaGetDriverEntryPointByVersion lookup, so
+        // libcuda stays unlinked and the per-call string lookup CUTLASS would otherwise
+        // do for every TMA descriptor is gone.
+        "-DCUTLASS_ENABLE_DIRECT_CUDA_DRIVER_CALL=1",
         "-Xcompiler=-fPIC",
         "-Xcudafe=--diag_suppress=177",
     ]
