@@ -55,9 +55,13 @@ fn operand(arg: &Arg<'_>) -> Operand {
 }
 
 /// True when the kernels can read the operand in place: row- or column-major in its
-/// last two dimensions (any batch stride, including 0).
+/// last two dimensions, and a non-zero batch stride when there are several groups
+/// (the launchers' rules, cuda/dispatch.cu `normalise`).
 fn kernel_readable(arg: &Arg<'_>) -> bool {
     let o = operand(arg);
+    if o.batch > 1 && o.rows > 0 && o.cols > 0 && o.batch_stride == 0 {
+        return false; // an expanded batch (stride 0): the launchers want distinct groups
+    }
     (o.col_stride == 1 && o.row_stride >= o.cols.max(1))
         || (o.row_stride == 1 && o.col_stride >= o.rows.max(1))
 }
