@@ -18,10 +18,10 @@ import json
 import math
 import statistics
 import sys
-import time
 
 import groupmm
 import torch
+from host_cost import per_call as host_per_call  # benches/host_cost.py, same folder
 
 SHAPES = {
     # name: (E experts, K in, N out, T routed rows)
@@ -217,15 +217,7 @@ def host_cost(torch_gmm, n=2000):
     gy = torch.randn(T, N, device=dev, dtype=torch.bfloat16)
 
     def per_call(fn):
-        for _ in range(50):
-            fn()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        return (t1 - t0) / n * 1e6
+        return host_per_call(fn, n)
 
     res = {
         "groupmm fwd": per_call(lambda: groupmm.grouped_mm(x, w, offs=offs)),
