@@ -48,15 +48,7 @@ fn check_backward<TI: Element, TO: Element>(c: &Case, seed: u64) {
     let (a, b, g) = (widen(&a), widen(&b), widen(&g));
     let (wa, wb) = ref_backward(c.form, &g, &a, &b, c.offs());
     let (ma, mb) = ref_backward(c.form, &abs(&g), &abs(&a), &abs(&b), c.offs());
-    let what = format!(
-        "{:?} {:?}->{:?} a{:?} b{:?} offs {:?}",
-        c.form,
-        TI::DTYPE,
-        TO::DTYPE,
-        c.a.shape(),
-        c.b.shape(),
-        c.offs
-    );
+    let what = c.describe::<TI, TO>();
     let (ka, kb) = red_lens(c);
     let u = unit_roundoff::<TO>();
     assert_close(

@@ -24,15 +24,7 @@ fn check_case<TI: Element, TO: Element>(c: &Case) {
     let want = ref_forward(c.form, &a, &b, c.offs());
     let mag = ref_forward(c.form, &abs(&a), &abs(&b), c.offs());
     let got = widen(&run::<TI, TO>(c));
-    let what = format!(
-        "{:?} {:?}->{:?} a{:?} b{:?} offs {:?}",
-        c.form,
-        TI::DTYPE,
-        TO::DTYPE,
-        c.a.shape(),
-        c.b.shape(),
-        c.offs
-    );
+    let what = c.describe::<TI, TO>();
     // 16-bit outputs: subnormals of f16 are 2^-24 apart
     assert_close(
         &what,

@@ -68,6 +68,19 @@ impl Case {
         self.offs.as_deref()
     }
 
+    /// One line naming the case and the dtype pair, for assertion messages.
+    pub fn describe<TI: Element, TO: Element>(&self) -> String {
+        format!(
+            "{:?} {:?}->{:?} a{:?} b{:?} offs {:?}",
+            self.form,
+            TI::DTYPE,
+            TO::DTYPE,
+            self.a.shape(),
+            self.b.shape(),
+            self.offs
+        )
+    }
+
     /// Length of the reduction of one output element (for error bounds).
     pub fn k(&self) -> usize {
         match self.form {
