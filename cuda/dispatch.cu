@@ -387,7 +387,7 @@ struct PackedPlan {
   int combo = 0;
   int config = 0;
   bool need_fallback = true;  // false: alignment proven on the host for every group
-  size_t args_bytes = 0;      // primary + fallback + zero sets
+  size_t args_bytes = 0;      // primary + fallback sets
   size_t cutlass_bytes = 0;
   DevInfo dev;
 };
@@ -463,7 +463,7 @@ PackedPlan plan_packed(const gmm_packed& p, const DevInfo& dev) {
     pl.need_fallback = !proven;
   }
   const size_t set = round_up(set_bytes(G), 256);
-  pl.args_bytes = 2 * set + round_up(set_bytes(G + 1), 256);
+  pl.args_bytes = 2 * set;
   pl.cutlass_bytes = kind_workspace(pl.en.primary, p.dtype, pl.combo, G, dev.sm_count, pl.config);
   return pl;
 }
@@ -472,17 +472,18 @@ size_t packed_total(const PackedPlan& pl) {
   return pl.args_bytes + round_up(pl.cutlass_bytes, 256);
 }
 
-std::string zero_launch(const GemmSet& z, int64_t first, int64_t count, int64_t max_elems,
-                        int es, const DevInfo& dev, cudaStream_t stream) {
-  if (count == 0 || max_elems == 0) return "";
-  const int threads = 256;
-  int64_t blocks = (max_elems + threads * 8 - 1) / (threads * 8);
-  blocks = std::max<int64_t>(1, std::min<int64_t>(blocks, int64_t(dev.sm_count) * 8));
-  switch (es) {
-    case 2: zero_fill<uint16_t><<<unsigned(blocks), threads, 0, stream>>>(z, first, count); break;
-    case 4: zero_fill<uint32_t><<<unsigned(blocks), threads, 0, stream>>>(z, first, count); break;
-    default: zero_fill<uint64_t><<<unsigned(blocks), threads, 0, stream>>>(z, first, count); break;
-  }
+// Blocks for a kernel that may zero up to max_elems output elements: enough for a few
+// 16-byte stores per thread, at most two per SM, at least one.
+unsigned zero_blocks(int64_t max_elems, int es, const DevInfo& dev) {
+  const int64_t per_block = int64_t(kBuilderThreads) * 4 * (16 / es);
+  const int64_t blocks = max_elems / per_block + (max_elems % per_block != 0);
+  return unsigned(std::max<int64_t>(1, std::min<int64_t>(blocks, int64_t(dev.sm_count) * 2)));
+}
+
+std::string zero_launch(const GemmSet& z, int64_t max_elems, int es, const DevInfo& dev,
+                        cudaStream_t stream) {
+  if (z.count == 0 || max_elems == 0) return "";
+  zero_fill<<<zero_blocks(max_elems, es, dev), kBuilderThreads, 0, stream>>>(z, es);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return cuda_fail("zero-fill kernel launch", e);
   return "";
@@ -503,31 +504,19 @@ void launch_packed(const gmm_packed& p, uint64_t workspace, size_t workspace_byt
   const size_t set = round_up(set_bytes(G), 256);
   d.primary = set_at(uintptr_t(workspace), G);
   d.fallback = set_at(uintptr_t(workspace) + set, G);
-  d.zero = set_at(uintptr_t(workspace) + 2 * set, G + 1);
   if (p.form != GMM_BATCHED) d.err_flag = offs_flag(p.device).dev;
 
-  // One block: the running maximum over offs is a block-wide scan (see args.cuh).
-  build_packed_args<<<1, kBuilderThreads, 0, stream>>>(d);
+  // Arguments and zero fill in one launch (see args.cuh). The most it may zero: every
+  // group's output when k = 0 or for GroupedK (empty groups), else the tail.
+  int64_t max_zero = p.m * p.n;  // < 2^62
+  if (p.form == GMM_GROUPED_K || (p.form == GMM_BATCHED && p.k == 0)) {
+    max_zero = G > 0 && max_zero > INT64_MAX / G ? INT64_MAX : max_zero * G;
+  }
+  if (p.form == GMM_BATCHED && p.k != 0) max_zero = 0;
+  build_packed_args<<<zero_blocks(max_zero, d.es_out, dev), kBuilderThreads, 0, stream>>>(d);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) throw Fail{cuda_fail("argument-builder kernel launch", e)};
-
-  // Zero fill: groups with k = 0 (every group when the plan's k is 0; empty groups in
-  // GroupedK) and the tail past offs[G-1].
-  int64_t first = G, count = 1, max_elems = 0;
-  switch (p.form) {
-    case GMM_GROUPED_M: max_elems = p.m * p.n; break;
-    case GMM_GROUPED_N: max_elems = p.m * p.n; break;
-    case GMM_GROUPED_K: max_elems = p.m * p.n; break;
-    default: max_elems = p.m * p.n; break;
-  }
-  if (p.form == GMM_GROUPED_K || p.k == 0) {
-    first = 0;
-    count = G + 1;
-  } else if (p.form == GMM_BATCHED) {
-    count = 0;
-  }
-  std::string err = zero_launch(d.zero, first, count, max_elems, d.es_out, dev, stream);
-  if (!err.empty()) throw Fail{err};
+  std::string err;
 
   RunCtx ctx;
   ctx.stream = stream;
@@ -721,8 +710,7 @@ void launch_list(const gmm_list& l, uint64_t device_args, uint64_t workspace,
   }
   cudaStream_t stream = reinterpret_cast<cudaStream_t>(l.stream);
   GemmSet zero = set_at(uintptr_t(device_args) + pl.zero_offset, pl.zero_count);
-  std::string err = zero_launch(zero, 0, pl.zero_count, pl.zero_max_elems, elem_size(l.out_dtype),
-                                dev, stream);
+  std::string err = zero_launch(zero, pl.zero_max_elems, elem_size(l.out_dtype), dev, stream);
   if (!err.empty()) throw Fail{err};
   RunCtx ctx;
   ctx.stream = stream;
@@ -817,6 +805,16 @@ int gmm_take_offs_error(int32_t device, int32_t* flag, char* msg, size_t msg_len
                      if (*flag) *v = 0;
                    }
                  });
+}
+
+int gmm_stream_capturing(uint64_t stream, int32_t* capturing, char* msg, size_t msg_len) {
+  if (capturing == nullptr) return report("groupmm CUDA: null argument", msg, msg_len);
+  return guarded("groupmm CUDA (stream_capturing): ", msg, msg_len, [&] {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    cudaError_t e = cudaStreamIsCapturing(reinterpret_cast<cudaStream_t>(stream), &st);
+    if (e != cudaSuccess) throw Fail{cuda_fail("cudaStreamIsCapturing", e)};
+    *capturing = st != cudaStreamCaptureStatusNone;
+  });
 }
 
 const char* gmm_cutlass_version(void) {
