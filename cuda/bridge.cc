@@ -137,6 +137,13 @@ bool take_offs_error(int32_t device) {
   return flag != 0;
 }
 
+bool stream_capturing(uint64_t stream) {
+  char msg[kMsgLen] = {0};
+  int32_t capturing = 0;
+  check(gmm_stream_capturing(stream, &capturing, msg, kMsgLen), msg);
+  return capturing != 0;
+}
+
 rust::String cutlass_version() { return rust::String(gmm_cutlass_version()); }
 
 }  // namespace groupmm

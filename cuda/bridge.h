@@ -30,6 +30,7 @@ void launch_list(const FfiList& l, rust::Slice<const int64_t> dims,
                  rust::Slice<const FfiOperand> c, uint64_t device_args, uint64_t workspace,
                  size_t workspace_bytes);
 bool take_offs_error(int32_t device);
+bool stream_capturing(uint64_t stream);
 rust::String cutlass_version();
 
 }  // namespace groupmm

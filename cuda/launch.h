@@ -67,6 +67,10 @@ int gmm_launch_list(const gmm_list* l, uint64_t device_args, uint64_t workspace,
 // out-of-range offs since the last call.
 int gmm_take_offs_error(int32_t device, int32_t* flag, char* msg, size_t msg_len);
 
+// *capturing = 1 when `stream` is capturing a CUDA graph (cudaStreamIsCapturing: host
+// only, no sync). The bindings reuse a per-stream workspace only outside captures.
+int gmm_stream_capturing(uint64_t stream, int32_t* capturing, char* msg, size_t msg_len);
+
 // Build facts: the CUTLASS version the kernels were compiled against, and whether the
 // sm_90a kernels are in this build.
 const char* gmm_cutlass_version(void);

@@ -152,6 +152,9 @@ mod imp {
     pub fn take_offs_error(_device: i32) -> Result<bool> {
         Err(no_cuda())
     }
+    pub fn stream_capturing(_stream: u64) -> Result<bool> {
+        Err(no_cuda())
+    }
     pub fn build_info() -> Option<CudaBuildInfo> {
         None
     }
@@ -252,6 +255,8 @@ mod ffi {
         ) -> Result<()>;
         /// Reads and clears the host-mapped flag; no sync.
         fn take_offs_error(device: i32) -> Result<bool>;
+        /// cudaStreamIsCapturing; host only.
+        fn stream_capturing(stream: u64) -> Result<bool>;
         fn cutlass_version() -> String;
     }
 }
@@ -395,6 +400,10 @@ mod imp {
         ffi::take_offs_error(device).map_err(err)
     }
 
+    pub fn stream_capturing(stream: u64) -> Result<bool> {
+        ffi::stream_capturing(stream).map_err(err)
+    }
+
     pub fn build_info() -> Option<CudaBuildInfo> {
         Some(CudaBuildInfo {
             archs: env!("GROUPMM_CUDA_ARCHS")
@@ -452,6 +461,11 @@ pub fn launch_list(
 /// call. Only work that has completed is reflected.
 pub fn take_offs_error(device: i32) -> Result<bool> {
     imp::take_offs_error(device)
+}
+
+/// True when `stream` (a raw `cudaStream_t`) is capturing a CUDA graph; host only.
+pub fn stream_capturing(stream: u64) -> Result<bool> {
+    imp::stream_capturing(stream)
 }
 
 /// What the CUDA part of this build holds; `None` when built without CUDA.

@@ -11,6 +11,7 @@ use crate::DType;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
+use std::sync::Mutex;
 
 const NOT_COMPILED: &str =
     "groupmm was built without CUDA support, so it cannot run on cuda tensors. \
@@ -83,7 +84,9 @@ fn torch(py: Python<'_>) -> PyResult<&Torch> {
     Ok(Torch::get(py)?.expect("cuda tensors imply torch"))
 }
 
-fn stream_and_tf32(py: Python<'_>, dev: i32) -> PyResult<(u64, bool)> {
+/// Torch's current stream on `dev`, and (for float32 only; no other dtype uses it)
+/// whether torch allows TF32 matmuls.
+fn stream_and_tf32(py: Python<'_>, dev: i32, dtype: DType) -> PyResult<(u64, bool)> {
     let t = torch(py)?;
     let stream = match &t.raw_stream {
         Some(f) => f.bind(py).call1((dev,))?.extract::<u64>()?,
@@ -95,8 +98,8 @@ fn stream_and_tf32(py: Python<'_>, dev: i32) -> PyResult<(u64, bool)> {
         }
     };
     let tf32 = match &t.allow_tf32 {
-        Some(f) => f.bind(py).call0()?.extract::<bool>()?,
-        None => false,
+        Some(f) if dtype == DType::F32 => f.bind(py).call0()?.extract::<bool>()?,
+        _ => false,
     };
     Ok((stream, tf32))
 }
@@ -119,6 +122,77 @@ fn device_bytes<'py>(
         (vec![bytes],),
         Some(&kw),
     )?))
+}
+
+/// One workspace kept per (device, stream) for the packed launches.
+struct CachedWorkspace {
+    device: i32,
+    stream: u64,
+    bytes: usize,
+    ptr: u64,
+    tensor: Py<PyAny>,
+}
+
+/// Streams with a cached workspace, most recently grown last; the oldest is dropped past
+/// this many (torch frees it stream-ordered).
+const WORKSPACE_CACHE_LEN: usize = 16;
+static WORKSPACES: Mutex<Vec<CachedWorkspace>> = Mutex::new(Vec::new());
+
+/// Device memory for a packed launch's arguments and CUTLASS workspace: `(address,
+/// owner)`. Outside graph capture, the workspace of (`dev`, `stream`) is reused: every
+/// use is ordered on that one stream (a launch's argument builder runs after the
+/// previous launch's GEMMs there), so reuse needs no sync, and it saves an allocation
+/// per call. Under capture a fresh block comes from torch (the graph's pool), since a
+/// graph may be replayed on another stream.
+fn workspace<'py>(
+    py: Python<'py>,
+    like: &Arg<'py>,
+    dev: i32,
+    stream: u64,
+    bytes: usize,
+) -> PyResult<(u64, Option<Bound<'py, PyAny>>)> {
+    if bytes == 0 {
+        return Ok((0, None));
+    }
+    if cuda::stream_capturing(stream)? {
+        let t = device_bytes(py, like, bytes)?.expect("non-zero size");
+        return Ok((data_ptr(&t)?, Some(t)));
+    }
+    // The lock is never held across a call into Python: such a call may release the GIL
+    // and let a thread holding the GIL wait for the lock.
+    let lock = || WORKSPACES.lock().unwrap_or_else(|e| e.into_inner());
+    let key = |w: &CachedWorkspace| w.device == dev && w.stream == stream;
+    let old = match lock().iter().find(|w| key(w)) {
+        // The caller holds a reference until its launch is enqueued, so a concurrent
+        // replacement cannot free the block before the launch is ordered on the stream.
+        Some(w) if w.bytes >= bytes => return Ok((w.ptr, Some(w.tensor.bind(py).clone()))),
+        Some(w) => w.bytes,
+        None => 0,
+    };
+    // Grow geometrically so that a run of growing group counts allocates few times.
+    let bytes = bytes.max(old + old / 2).next_multiple_of(4096);
+    let t = device_bytes(py, like, bytes)?.expect("non-zero size");
+    let ptr = data_ptr(&t)?;
+    let evicted: Vec<CachedWorkspace> = {
+        let mut cache = lock();
+        let mut evicted = Vec::new();
+        if let Some(i) = cache.iter().position(key) {
+            evicted.push(cache.remove(i));
+        }
+        if cache.len() >= WORKSPACE_CACHE_LEN {
+            evicted.push(cache.remove(0));
+        }
+        cache.push(CachedWorkspace {
+            device: dev,
+            stream,
+            bytes,
+            ptr,
+            tensor: t.clone().unbind(),
+        });
+        evicted
+    };
+    drop(evicted); // outside the lock: freeing a tensor runs torch code
+    Ok((ptr, Some(t)))
 }
 
 fn data_ptr(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
@@ -170,7 +244,7 @@ pub(super) fn packed<'py>(
         other => other.clone(),
     };
     let c = target(py, &p.a, out.as_ref(), &p.plan.out_shape, p.out_dtype)?;
-    let (stream, allow_tf32) = stream_and_tf32(py, dev)?;
+    let (stream, allow_tf32) = stream_and_tf32(py, dev, a.dtype())?;
     let plan = &p.plan;
     let launch = PackedLaunch {
         form: plan.form,
@@ -189,11 +263,7 @@ pub(super) fn packed<'py>(
         allow_tf32,
     };
     let ws_bytes = cuda::packed_workspace_bytes(&launch)?;
-    let ws = device_bytes(py, &a, ws_bytes)?;
-    let ws_ptr = match &ws {
-        Some(w) => data_ptr(w)?,
-        None => 0,
-    };
+    let (ws_ptr, _ws) = workspace(py, &a, dev, stream, ws_bytes)?;
     cuda::launch_packed(&launch, ws_ptr, ws_bytes)?;
     finish(py, c, out)
 }
@@ -243,7 +313,7 @@ pub(super) fn list<'py>(
             )
         })
         .collect::<PyResult<_>>()?;
-    let (stream, allow_tf32) = stream_and_tf32(py, dev)?;
+    let (stream, allow_tf32) = stream_and_tf32(py, dev, first.dtype())?;
     let launch = ListLaunch {
         dtype: first.dtype(),
         out_dtype,
