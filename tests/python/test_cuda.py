@@ -368,3 +368,74 @@ def test_bitwise_deterministic_run_to_run(form):
     for y, ga, gb in outs[1:]:
         assert torch.equal(y, outs[0][0])
         assert torch.equal(ga, outs[0][1]) and torch.equal(gb, outs[0][2])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("N", [264, 13])  # 16-byte rows, and short odd rows
+def test_zero_fill_overwrites_garbage(dtype, N):
+    """Outputs no GEMM writes (empty groups of GroupedK, tails, k = 0) are written as
+    zeros into an `out` full of NaN, whatever the row length and alignment."""
+    counts = [0, 40, 0, 0, 300, 0, 9, 0]
+    for form in FORMS[:3]:
+        a, b, offs = make(form, dtype, G=len(counts), M=130, N=N, K=24, counts=list(counts))
+        if form == "2d3d":  # a long tail of rows past offs[-1]
+            a = torch.cat([a, torch.randn(700, a.shape[1], device=DEV, dtype=dtype)])
+        if form == "3d2d":  # a wide tail of columns
+            b = torch.cat([b, torch.randn(b.shape[0], 500, device=DEV, dtype=dtype)], dim=1)
+        ref = ref_packed(a, b, offs)
+        out = torch.full(ref.shape, float("nan"), device=DEV, dtype=dtype)
+        groupmm.grouped_mm(a, b, offs=offs, out=out)
+        assert not out.isnan().any(), form
+        assert rel_err(out, ref) <= TOL[dtype], form
+        assert (out[ref == 0] == 0).all(), form
+    for form in FORMS:  # k = 0 (for GroupedK: every group empty): every element is zero
+        counts = [0, 0, 0] if form == "2d2d" else [5, 0, 70]
+        a, b, offs = make(form, dtype, G=3, M=66, N=N, K=0, counts=counts)
+        out = torch.full(ref_packed(a, b, offs).shape, float("nan"), device=DEV, dtype=dtype)
+        groupmm.grouped_mm(a, b, offs=offs, out=out)
+        assert (out == 0).all(), form
+
+
+def test_workspace_reuse_across_sizes_streams_and_graphs():
+    """Back-to-back calls that share the per-stream workspace (growing and shrinking group
+    counts, two streams), and eager calls between replays of a captured graph, all
+    without a sync in between, each give the reference result."""
+    sizes = [4, 300, 4, 1200, 17]
+    cases = [
+        make(
+            "2d3d",
+            torch.bfloat16,
+            G=G,
+            N=24,
+            K=16,
+            seed=G,
+            counts=[(i * 7 + G) % 5 for i in range(G)],
+        )
+        for G in sizes
+    ]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    outs = []
+    for i, (a, b, offs) in enumerate(cases):
+        with torch.cuda.stream(side if i % 2 else torch.cuda.current_stream()):
+            outs.append(groupmm.grouped_mm(a, b, offs=offs))
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    for (a, b, offs), y in zip(cases, outs):
+        assert rel_err(y, ref_packed(a, b, offs)) <= 1e-2
+
+    a, b, offs = make("2d2d", torch.bfloat16, G=6, M=40, N=48, counts=[9, 0, 30, 2, 0, 11])
+    groupmm.grouped_mm(a, b, offs=offs)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = groupmm.grouped_mm(a, b, offs=offs)
+    checks = []
+    for a2, b2, offs2 in cases:
+        graph.replay()
+        checks.append((groupmm.grouped_mm(a2, b2, offs=offs2), ref_packed(a2, b2, offs2)))
+        checks.append((y.clone(), None))
+    torch.cuda.synchronize()
+    ref = ref_packed(a, b, offs)
+    for got, want in checks:
+        assert rel_err(got, ref if want is None else want) <= 1e-2
