@@ -22,6 +22,7 @@
 #include "cutlass/gemm/group_array_problem_shape.hpp"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 
+#include <atomic>
 #include <string>
 
 namespace gmm {
@@ -123,6 +124,12 @@ struct Sm90Grouped {
     return args;
   }
 
+  // Devices (bit i: device i) on which this kernel's shared memory attribute is set.
+  static std::atomic<uint64_t>& attr_set() {
+    static std::atomic<uint64_t> mask{0};
+    return mask;
+  }
+
   static size_t workspace_bytes(int64_t count, int sm_count) {
     GemmSet s;
     s.count = count;
@@ -150,7 +157,14 @@ struct Sm90Grouped {
       return std::string(name) + ": workspace too small (" + std::to_string(ctx.workspace_bytes) +
              " bytes given, " + std::to_string(need) + " needed)";
     }
-    st = gemm.initialize(args, ctx.workspace, ctx.stream);
+    // initialize() also raises the kernel's dynamic shared memory limit
+    // (cudaFuncSetAttribute), which holds per device for the process: only the first
+    // launch on a device pays for it; later ones only rebuild the params (update(); the
+    // workspace initialisation of these ptr-array kernels is a no-op in CUTLASS 4.2).
+    const uint64_t bit = uint64_t(1) << (ctx.device & 63);
+    const bool first = (attr_set().load(std::memory_order_acquire) & bit) == 0 || ctx.device > 63;
+    st = first ? gemm.initialize(args, ctx.workspace, ctx.stream) : gemm.update(args, ctx.workspace);
+    if (st == cutlass::Status::kSuccess && first) attr_set().fetch_or(bit, std::memory_order_release);
     if (st != cutlass::Status::kSuccess) {
       cudaError_t e = cudaGetLastError();
       return std::string(name) + ": CUTLASS initialize failed: " + cutlassGetStatusString(st) +
