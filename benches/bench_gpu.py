@@ -234,6 +234,31 @@ def fmt(v, spec=".0f"):
     return "-" if v is None else format(v, spec)
 
 
+# Shapes counted as "small" in issue 4's skewed+small geometric mean (with every skewed row).
+SMALL_SHAPES = ("small64", "qwen3-up", "qwen3-down")
+
+
+def summary(rows) -> str:
+    """Min ratio and geometric means vs torch over result rows (bench rows or JSON)."""
+    ratios, skew_small = [], []
+    for r in rows:
+        t = r["tflops"]
+        if t["groupmm"] and t["torch"]:
+            v = t["groupmm"] / t["torch"]
+            ratios.append(v)
+            if r["routing"] == "skewed" or r["shape"] in SMALL_SHAPES:
+                skew_small.append(v)
+
+    def gmean(v):
+        return math.exp(sum(math.log(x) for x in v) / len(v)) if v else None
+
+    return (
+        f"min ratio vs torch: {fmt(min(ratios) if ratios else None, '.2f')}; "
+        f"geomean all: {fmt(gmean(ratios), '.2f')}; "
+        f"geomean skewed+small: {fmt(gmean(skew_small), '.2f')}"
+    )
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -275,16 +300,11 @@ def main(argv=None):
     )
     print(f"\nTFLOP/s, {args.dtype}, {dev_name}")
     print(hdr)
-    ratios_torch, ratios_skewsmall = [], []
     for r in rows:
         t = r["tflops"]
         vt = t["groupmm"] / t["torch"] if t["groupmm"] and t["torch"] else None
         vd = t["groupmm"] / t["dense"] if t["groupmm"] and t["dense"] else None
         r["vs_torch"], r["vs_dense"] = vt, vd
-        if vt:
-            ratios_torch.append(vt)
-            if r["routing"] == "skewed" or r["shape"] in ("small64", "qwen3-up", "qwen3-down"):
-                ratios_skewsmall.append(vt)
         print(
             f"{r['shape']:13} {r['routing']:8} {r['pass']:8} {fmt(t['groupmm']):>8} "
             f"{fmt(t['torch']):>8} {fmt(t['loop']):>8} {fmt(t['dense']):>8} "
@@ -293,15 +313,7 @@ def main(argv=None):
         for who, err in r["errors"].items():
             if err and who == "groupmm":
                 print(f"   {who} failed: {err}")
-
-    def gmean(v):
-        return math.exp(sum(math.log(x) for x in v) / len(v)) if v else None
-
-    print(
-        f"\nmin ratio vs torch: {fmt(min(ratios_torch) if ratios_torch else None, '.2f')}; "
-        f"geomean all: {fmt(gmean(ratios_torch), '.2f')}; "
-        f"geomean skewed+small: {fmt(gmean(ratios_skewsmall), '.2f')}"
-    )
+    print("\n" + summary(rows))
     print("host µs per small call: " + ", ".join(f"{k} {v:.1f}" for k, v in host.items()))
     if args.json:
         with open(args.json, "w") as f:

@@ -8,11 +8,8 @@ over bf16 measured on the same machine).
 
 import argparse
 import json
-import math
 
-
-def fmt(v, spec=".0f"):
-    return "-" if v is None else format(v, spec)
+from bench_gpu import fmt, summary  # benches/bench_gpu.py, same folder
 
 
 def main():
@@ -29,15 +26,10 @@ def main():
     head += "| vs torch | vs dense |" + (" vs other |" if other else "")
     print(head)
     print("| --- | --- | --- |" + " ---: |" * (7 if other else 6))
-    ratios, skew_small = [], []
     for r in data["rows"]:
         t = r["tflops"]
         vt = t["groupmm"] / t["torch"] if t["groupmm"] and t["torch"] else None
         vd = t["groupmm"] / t["dense"] if t["groupmm"] and t["dense"] else None
-        if vt:
-            ratios.append(vt)
-            if r["routing"] == "skewed" or r["shape"] in ("small64", "qwen3-up", "qwen3-down"):
-                skew_small.append(vt)
         shape = f"{r['shape']} ({r['E']}, {r['K']}, {r['N']}, {r['T']})"
         cells = [shape, r["routing"], r["pass"], fmt(t["groupmm"]), fmt(t["torch"])]
         cells += [fmt(t["loop"]), fmt(t["dense"]), fmt(vt, ".2f"), fmt(vd, ".2f")]
@@ -47,13 +39,7 @@ def main():
             cells.append(fmt(vo, ".2f"))
         print("| " + " | ".join(cells) + " |")
 
-    def gmean(v):
-        return math.exp(sum(math.log(x) for x in v) / len(v)) if v else None
-
-    print(
-        f"\nmin ratio vs torch {fmt(min(ratios) if ratios else None, '.2f')}, geomean all "
-        f"{fmt(gmean(ratios), '.2f')}, geomean skewed+small {fmt(gmean(skew_small), '.2f')}"
-    )
+    print("\n" + summary(data["rows"]))
     host = data.get("host_us", {})
     print("host µs per small packed call: " + ", ".join(f"{k} {v:.1f}" for k, v in host.items()))
 

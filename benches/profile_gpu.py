@@ -12,7 +12,6 @@ kernel's mean duration, and the host time spent in each CUDA runtime function.
 import argparse
 import json
 import math
-import re
 
 import groupmm
 import torch
@@ -21,13 +20,13 @@ from torch.profiler import ProfilerActivity, profile
 
 
 def short(name: str) -> str:
-    for key in ("build_packed_args", "zero_fill"):
+    """A readable label for a (mangled) kernel name."""
+    for key in ("build_packed_args", "zero_fill", "prepare_grouped_gemm_data"):
         if key in name:
             return key
-    if "cutlass" in name:
+    if "GemmUniversal" in name:
         kind = "pingpong" if "Pingpong" in name else "cooperative" if "Cooperative" in name else ""
-        tile = re.search(r"Shape<cute::C<(\d+)>, cute::C<(\d+)>, cute::C<(\d+)>", name)
-        return f"cutlass {kind} {'x'.join(tile.groups()) if tile else ''} {name[:50]}"
+        return f"cutlass GEMM {kind}"
     return name[:90]
 
 
