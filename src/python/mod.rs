@@ -644,6 +644,29 @@ fn packed_out_shape(
     })
 }
 
+/// Output shapes `[M_i, N_i]` of a list product from shapes alone (used by the fake
+/// kernels), or a `ValueError` from the shape rules.
+#[pyfunction]
+fn list_out_shapes(
+    a_shapes: Vec<Vec<usize>>,
+    b_shapes: Vec<Vec<usize>>,
+) -> PyResult<Vec<Vec<usize>>> {
+    guard(|| {
+        let la: Vec<_> = a_shapes
+            .iter()
+            .map(|s| shape::Layout::contiguous(s))
+            .collect();
+        let lb: Vec<_> = b_shapes
+            .iter()
+            .map(|s| shape::Layout::contiguous(s))
+            .collect();
+        Ok(shape::plan_list(&la, &lb)?
+            .iter()
+            .map(|d| vec![d.m, d.n])
+            .collect())
+    })
+}
+
 /// What this build holds: version, CUDA support, archs, CUDA runtime, CUTLASS.
 #[pyfunction]
 fn build_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
@@ -683,6 +706,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(grouped_mm_list, m)?)?;
     m.add_function(wrap_pyfunction!(grouped_mm_list_backward, m)?)?;
     m.add_function(wrap_pyfunction!(packed_out_shape, m)?)?;
+    m.add_function(wrap_pyfunction!(list_out_shapes, m)?)?;
     m.add_function(wrap_pyfunction!(build_info, m)?)?;
     m.add_function(wrap_pyfunction!(take_offs_error, m)?)?;
     m.add("__version__", crate::VERSION)?;
