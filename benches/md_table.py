@@ -22,17 +22,18 @@ def main():
     if args.vs:
         o = json.load(open(args.vs))
         other = {(r["shape"], r["routing"], r["pass"]): r["tflops"]["groupmm"] for r in o["rows"]}
-    head = "| shape (E, K, N, T) | routing | pass | groupmm | F.grouped_mm | loop of mm | dense mm "
-    head += "| vs torch | vs dense |" + (" vs other |" if other else "")
+    head = "| shape (E, K, N, T) | routing | pass | groupmm | F.grouped_mm | quack | loop of mm "
+    head += "| dense mm | vs torch | vs quack | of roofline |" + (" vs other |" if other else "")
     print(head)
-    print("| --- | --- | --- |" + " ---: |" * (7 if other else 6))
+    print("| --- | --- | --- |" + " ---: |" * (9 if other else 8))
     for r in data["rows"]:
         t = r["tflops"]
         vt = t["groupmm"] / t["torch"] if t["groupmm"] and t["torch"] else None
-        vd = t["groupmm"] / t["dense"] if t["groupmm"] and t["dense"] else None
+        vq = t["groupmm"] / t["quack"] if t["groupmm"] and t.get("quack") else None
         shape = f"{r['shape']} ({r['E']}, {r['K']}, {r['N']}, {r['T']})"
         cells = [shape, r["routing"], r["pass"], fmt(t["groupmm"]), fmt(t["torch"])]
-        cells += [fmt(t["loop"]), fmt(t["dense"]), fmt(vt, ".2f"), fmt(vd, ".2f")]
+        cells += [fmt(t.get("quack")), fmt(t["loop"]), fmt(t["dense"]), fmt(vt, ".2f")]
+        cells += [fmt(vq, ".2f"), fmt(r.get("roofline"), ".2f")]
         if other:
             key = (r["shape"], r["routing"], r["pass"])
             vo = t["groupmm"] / other[key] if t["groupmm"] and other.get(key) else None
