@@ -527,7 +527,7 @@ pub fn grouped_mm_list_into<TI: Element, TO: Element>(
         )));
     }
     for (i, (o, d)) in out.iter().zip(&dims).enumerate() {
-        shape::check_out(&format!("out[{i}]"), &layout_mut(o), &[d.m, d.n])?;
+        shape::check_out(format!("out[{i}]"), &layout_mut(o), &[d.m, d.n])?;
     }
     run_list(&dims, (&la, a), (&lb, b), out);
     Ok(())
