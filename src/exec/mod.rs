@@ -342,6 +342,9 @@ pub unsafe fn packed_backward<M: Memory>(
     shape::check_grad("grad", &grad.layout, &fwd.out_shape)?;
     // SAFETY: forwarded contract.
     let offs_vals = unsafe { host_offs(offs, &fwd)? };
+    if !(need_a || need_b) {
+        return Ok((None, None));
+    }
     let dtype = out_dtype.unwrap_or(a.dtype);
     // Kernel-readable inputs, copied (CUDA) at most once for both products.
     let ops = Operands::prepare(mem, &[grad, a, b], offs)?;
@@ -498,6 +501,9 @@ pub unsafe fn list_backward<M: Memory>(
     for (i, (g, d)) in grads.iter().zip(&dims).enumerate() {
         shape::check_like(Item("grads", i), g.like(), "As[0]", first.reference())?;
         shape::check_grad(Item("grads", i), &g.layout, &[d.m, d.n])?;
+    }
+    if !(need_a || need_b) {
+        return Ok((None, None));
     }
     let dtype = out_dtype.unwrap_or(first.dtype);
     let g_len = grads.len();
