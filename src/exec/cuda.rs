@@ -422,6 +422,35 @@ mod tests {
         }
     }
 
+    /// The request of dB = xᵀ·dy (the backward of x [T, K] · w [G, K, N]): a GroupedK
+    /// product whose `a` is the transposed view of row-major `x`, read column-major in
+    /// place.
+    #[test]
+    fn backward_request_reads_transposed_views_in_place() {
+        let (t_, k, n, g) = (64usize, 32usize, 48usize, 4usize);
+        let x = t(&[t_, k], &[k as isize, 1]);
+        let dy = t(&[t_, n], &[n as isize, 1]);
+        let xt = crate::shape::Transposable::transposed(&x);
+        let plan = crate::shape::plan_packed(&xt.layout, &dy.layout, Some(g)).unwrap();
+        let c = t(&plan.out_shape, &[(k * n) as isize, n as isize, 1]);
+        let offs = Offs {
+            ptr: 8192,
+            layout: Layout::new(&[g], &[1]),
+            device: Device::Cuda(0),
+            id: 1,
+        };
+        let r = packed_request(&plan, &xt, &dy, Some(&offs), &c, (77, false)).unwrap();
+        assert_eq!(r.form, ffi::Form::GroupedK);
+        assert_eq!((r.groups, r.m, r.n, r.k), (4, 32, 48, 64));
+        assert_eq!(
+            (r.a.rows, r.a.cols, r.a.ld, r.a.col_major),
+            (32, 64, 32, true)
+        );
+        assert_eq!((r.b.ld, r.b.col_major), (48, false));
+        assert_eq!((r.c.batch, r.c.batch_stride, r.c.ld), (4, 32 * 48, 48));
+        assert_eq!((r.offs, r.stream, r.device), (8192, 77, 0));
+    }
+
     #[test]
     fn build_info_matches_compiled() {
         assert_eq!(build_info().is_some(), compiled());
