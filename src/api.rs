@@ -195,20 +195,30 @@ pub fn grouped_mm_to<TI: Element, TO: Element, DA: Dimension, DB: Dimension>(
     b: ArrayView<'_, TI, DB>,
     offs: Option<ArrayView1<'_, i32>>,
 ) -> Result<ArrayD<TO>> {
+    fresh(packed(a, b, offs, None)?)
+}
+
+/// The packed product into `out` (a caller's view), or into a fresh array (`None`).
+fn packed<TI: Element, TO: Element, DA: Dimension, DB: Dimension>(
+    a: ArrayView<'_, TI, DA>,
+    b: ArrayView<'_, TI, DB>,
+    offs: Option<ArrayView1<'_, i32>>,
+    out: Option<Output<Fresh<TO>>>,
+) -> Result<Fresh<TO>> {
     let (a, b, offs) = (desc(&a), desc(&b), offs_desc(&offs));
-    // SAFETY: the descriptions are of the borrowed views, live for the call; the output
-    // is allocated by `Owned`.
-    let out = unsafe {
+    // SAFETY: the descriptions are of the borrowed views, live for the call (a caller's
+    // `out` is borrowed mutably, so no input aliases it); fresh outputs are allocated
+    // by `Owned`.
+    unsafe {
         exec::packed(
             &mut Owned::<TO>::new(),
             &a,
             &b,
             offs.as_ref(),
             Some(TO::DTYPE),
-            None,
-        )?
-    };
-    fresh(out)
+            out,
+        )
+    }
 }
 
 /// [`grouped_mm_to`] writing into a caller's array or view `out` (any strides that do
@@ -239,20 +249,7 @@ pub fn grouped_mm_into<TI: Element, TO: Element, DA: Dimension, DB: Dimension, D
     offs: Option<ArrayView1<'_, i32>>,
     mut out: ArrayViewMut<'_, TO, DC>,
 ) -> Result<()> {
-    let (a, b, offs) = (desc(&a), desc(&b), offs_desc(&offs));
-    // SAFETY: the descriptions are of the borrowed views (`out` borrowed mutably, so no
-    // input aliases it), live for the call.
-    unsafe {
-        exec::packed(
-            &mut Owned::<TO>::new(),
-            &a,
-            &b,
-            offs.as_ref(),
-            Some(TO::DTYPE),
-            Some(out_desc(&mut out)),
-        )?
-    };
-    Ok(())
+    packed(a, b, offs, Some(out_desc(&mut out))).map(drop)
 }
 
 /// Backward of [`grouped_mm`]: given `grad = ∂L/∂out`, returns `(∂L/∂a, ∂L/∂b)` with
