@@ -1,5 +1,5 @@
-//! Build script: compiles the CUDA kernels (cuda/*.cu) with nvcc when a CUDA toolkit and
-//! the CUTLASS headers are found, and the cxx bridge (src/cuda.rs + cuda/bridge.cc).
+//! Build script: compiles the CUDA part (`cuda/`) when a CUDA toolkit and the CUTLASS
+//! headers are found, and the cxx bridge (`src/exec/ffi.rs` + `cuda/host/bridge.cc`).
 //!
 //! - `GROUPMM_CUDA=0|1` forces CUDA off/on (1 without nvcc or CUTLASS is a build error);
 //!   unset, CUDA is on when both nvcc and CUTLASS are found.
@@ -7,44 +7,32 @@
 //! - CUTLASS: `$CUTLASS_DIR/include`, else `<cutlass_library>/source/include` of the
 //!   `nvidia-cutlass` pip package, found by running `$PYO3_PYTHON`,
 //!   `$PYTHON_SYS_EXECUTABLE`, `python3` or `python`.
-//! - `GROUPMM_CUDA_ARCHS` (default `80;90a`): sm_90-only files compile for 90a only;
+//! - `GROUPMM_CUDA_ARCHS` (default `80;90a`): files named `sm90_*` compile for 90a only,
 //!   the others for every listed arch.
 //! - `GROUPMM_NVCC_FLAGS`: extra nvcc flags (e.g. `-Xptxas -v`), appended to every file.
-//! - Objects are cached under `<target>/groupmm-cuda-cache/<hash>.o`, keyed on the
-//!   source, every project header, the CUTLASS version, nvcc's version and the flags, so
-//!   release, test and clippy builds share them.
+//!
+//! Lists are written once, as files: nvcc compiles every `cuda/kernels/*.cu` and
+//! `cuda/device/*.cu`, the host compiler every `cuda/host/*.cc` (but the bridge's) and
+//! `cuda/heuristics/*.cc`. The kernel registry (`cuda/host/registry.cc`) learns which
+//! kernel files were compiled from a generated list,
+//! `$OUT_DIR/cuda-gen/groupmm_kernel_files.inc` (one `GMM_KERNEL_FILE(<stem>)` line each).
+//!
 //! - One nvcc invocation per .cu (never relocatable device code: ptxas would then ignore
 //!   setmaxnreg and serialise wgmma); the build fails if nvcc warns C7504 or C7509.
+//! - nvcc objects are cached under `<target>/groupmm-cuda-cache/<stem>-<hash>.o`, keyed on
+//!   the source, the project headers it includes (transitively), the CUTLASS version,
+//!   nvcc's version and the flags, so release, test and clippy builds share them.
+//! - The nvcc and host objects go into ONE archive (`groupmm_cuda`), so the linker
+//!   resolves references between them in both directions; the bridge's archive links
+//!   before it, the static CUDA runtime after (libcuda is never linked).
+//! - `<target>/groupmm-cuda-build.env` records the nvcc command line and the archive of
+//!   the last build; `scripts/cuda-harness.sh` builds the C++ harness through it.
 
 use std::env;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
-
-/// A CUDA translation unit and whether it is sm_90a-only.
-const CUDA_SOURCES: &[(&str, bool)] = &[
-    // Longest first: they start first when compiling in parallel.
-    ("cuda/sm90_bf16_grouped.cu", true),
-    ("cuda/sm90_f16_grouped.cu", true),
-    ("cuda/sm90_bf16_grouped_128x128.cu", true),
-    ("cuda/sm90_f16_grouped_128x128.cu", true),
-    ("cuda/sm90_bf16_grouped_ping64x128.cu", true),
-    ("cuda/sm90_f16_grouped_ping64x128.cu", true),
-    ("cuda/sm80_bf16_grouped.cu", false),
-    ("cuda/sm80_f16_grouped.cu", false),
-    ("cuda/sm80_f32_f64_grouped.cu", false),
-    ("cuda/dispatch.cu", false),
-];
-
-/// Project headers: part of every object's cache key.
-const CUDA_HEADERS: &[&str] = &[
-    "cuda/launch.h",
-    "cuda/common.cuh",
-    "cuda/args.cuh",
-    "cuda/grouped_sm80.cuh",
-    "cuda/grouped_sm90.cuh",
-];
 
 const ENV_VARS: &[&str] = &[
     "GROUPMM_CUDA",
@@ -305,9 +293,92 @@ struct Job {
     obj: PathBuf,
 }
 
+/// The files directly under `dir` whose names end with `ext`, sorted.
+fn files_in(dir: &Path, ext: &str) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = fs::read_dir(dir)
+        .unwrap_or_else(|e| fail(&format!("cannot list {}: {e}", dir.display())))
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file() && p.to_string_lossy().ends_with(ext))
+        .collect();
+    v.sort();
+    v
+}
+
+fn stem(p: &Path) -> String {
+    p.file_stem().unwrap().to_string_lossy().to_string()
+}
+
+/// The project headers `file` includes (`#include "..."`, resolved against `cuda/` and
+/// the file's own directory), transitively; system and CUTLASS headers are not followed
+/// (the CUTLASS version and path are part of every key).
+fn project_includes(file: &Path, cuda_dir: &Path, seen: &mut Vec<PathBuf>) {
+    let text = fs::read_to_string(file)
+        .unwrap_or_else(|e| fail(&format!("cannot read {}: {e}", file.display())));
+    for line in text.lines() {
+        let Some(rest) = line.trim_start().strip_prefix("#include") else {
+            continue;
+        };
+        let Some(name) = rest
+            .trim()
+            .strip_prefix('"')
+            .and_then(|r| r.split('"').next())
+        else {
+            continue;
+        };
+        let here = file.parent().unwrap().join(name);
+        let found = [cuda_dir.join(name), here]
+            .into_iter()
+            .find(|p| p.is_file());
+        if let Some(p) = found {
+            let p = fs::canonicalize(&p).unwrap_or(p);
+            if !seen.contains(&p) {
+                seen.push(p.clone());
+                project_includes(&p, cuda_dir, seen);
+            }
+        }
+    }
+}
+
+/// Include directories of the CUDA toolkit, as nvcc itself reports them (`INCLUDES=` of
+/// `--dryrun`), else `<root>/include` of the candidate roots.
+fn cuda_include_dirs(nvcc: &Path, roots: &[PathBuf]) -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    if let Ok(out) = Command::new(nvcc)
+        .args(["--dryrun", "-x", "cu", "-c", "/dev/null", "-o", "/dev/null"])
+        .output()
+    {
+        let text = String::from_utf8_lossy(&out.stderr).to_string()
+            + &String::from_utf8_lossy(&out.stdout);
+        if let Some(inc) = text
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("#$ INCLUDES="))
+        {
+            dirs.extend(
+                inc.split_whitespace()
+                    .filter_map(|w| w.trim_matches('"').strip_prefix("-I"))
+                    .map(|d| PathBuf::from(d.trim_matches('"'))),
+            );
+        }
+    }
+    dirs.extend(roots.iter().map(|r| r.join("include")));
+    dirs.retain(|d| d.join("cuda_runtime_api.h").is_file());
+    if dirs.is_empty() {
+        fail(&format!(
+            "cuda_runtime_api.h not found (nvcc --dryrun INCLUDES, {roots:?}/include); set CUDA_HOME"
+        ));
+    }
+    dirs
+}
+
+/// A word for a shell script (single-quoted).
+fn sh_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
 fn build_cuda(nvcc: &Path, cutlass_inc: &Path) {
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
     let out_dir = PathBuf::from(env::var("OUT_DIR").unwrap());
+    let cuda_dir = manifest.join("cuda");
     let archs_var = env::var("GROUPMM_CUDA_ARCHS").unwrap_or_else(|_| "80;90a".into());
     let archs: Vec<String> = archs_var
         .split([';', ',', ' '])
@@ -343,17 +414,22 @@ fn build_cuda(nvcc: &Path, cutlass_inc: &Path) {
             roots
         ))
     });
+    let cuda_inc = cuda_include_dirs(nvcc, &roots);
     let (runtime, nvcc_text) = nvcc_version(nvcc);
     let cutlass_ver = cutlass_version(cutlass_inc);
+
+    // Any change under cuda/ (a new kernel file too) reruns this script; unchanged nvcc
+    // objects come from the cache.
+    println!("cargo:rerun-if-changed={}", cuda_dir.display());
 
     let mut common: Vec<String> = [
         "-O3",
         "-std=c++17",
         "--expt-relaxed-constexpr",
         "-DNDEBUG",
-        // CUTLASS then calls cuTensorMapEncodeTiled by name; cuda/dispatch.cu defines
-        // it (hidden) on top of ONE cached cudaGetDriverEntryPointByVersion lookup, so
-        // libcuda stays unlinked and the per-call string lookup CUTLASS would otherwise
+        // CUTLASS then calls cuTensorMapEncodeTiled by name; cuda/host/driver_shim.cc
+        // defines it (hidden) on top of ONE cached cudaGetDriverEntryPointByVersion lookup,
+        // so libcuda stays unlinked and the per-call string lookup CUTLASS would otherwise
         // do for every TMA descriptor is gone.
         "-DCUTLASS_ENABLE_DIRECT_CUDA_DRIVER_CALL=1",
         "-Xcompiler=-fPIC",
@@ -363,7 +439,7 @@ fn build_cuda(nvcc: &Path, cutlass_inc: &Path) {
     .map(|s| s.to_string())
     .collect();
     common.push(format!("-I{}", cutlass_inc.display()));
-    common.push(format!("-I{}", manifest.join("cuda").display()));
+    common.push(format!("-I{}", cuda_dir.display()));
     if has_sm90a {
         common.push("-DGROUPMM_SM90_TMA=1".into());
     }
@@ -372,53 +448,41 @@ fn build_cuda(nvcc: &Path, cutlass_inc: &Path) {
         .split_whitespace()
         .map(str::to_string)
         .collect();
+    let mut all_archs: Vec<String> = archs.iter().map(|a| gencode(a)).collect();
+    // PTX of the lowest listed non-"a" arch, for GPUs newer than any listed.
+    if let Some(a) = archs.iter().find(|a| !a.ends_with('a')) {
+        all_archs.push(format!("-gencode=arch=compute_{a},code=compute_{a}"));
+    }
 
     let mut key_base = Fnv::new();
     key_base.add(nvcc_text.as_bytes());
     key_base.add(cutlass_ver.as_bytes());
     key_base.add(cutlass_inc.to_string_lossy().as_bytes());
-    for h in CUDA_HEADERS {
-        let p = manifest.join(h);
-        println!("cargo:rerun-if-changed={}", p.display());
-        key_base.add(
-            &fs::read(&p).unwrap_or_else(|e| fail(&format!("cannot read {}: {e}", p.display()))),
-        );
-    }
-    println!(
-        "cargo:rerun-if-changed={}",
-        manifest.join("cuda/bridge.h").display()
-    );
-    println!(
-        "cargo:rerun-if-changed={}",
-        manifest.join("cuda/bridge.cc").display()
-    );
-    println!(
-        "cargo:rerun-if-changed={}",
-        manifest.join("src/cuda.rs").display()
-    );
 
     let cache = cache_dir(&out_dir);
     fs::create_dir_all(&cache)
         .unwrap_or_else(|e| fail(&format!("cannot create {}: {e}", cache.display())));
 
+    // nvcc sources: sm90 kernels first (the longest compiles start first).
+    let mut sources = files_in(&cuda_dir.join("kernels"), ".cu");
+    sources.sort_by_key(|p| !stem(p).starts_with("sm90_"));
+    sources.extend(files_in(&cuda_dir.join("device"), ".cu"));
     let mut jobs = Vec::new();
-    for (src, sm90_only) in CUDA_SOURCES {
-        let path = manifest.join(src);
-        println!("cargo:rerun-if-changed={}", path.display());
-        if *sm90_only && !has_sm90a {
+    let mut kernel_files = Vec::new();
+    for path in sources {
+        let name = stem(&path);
+        let sm90_only = name.starts_with("sm90_");
+        if sm90_only && !has_sm90a {
             continue;
         }
+        if path.parent() == Some(&cuda_dir.join("kernels")) {
+            kernel_files.push(name.clone());
+        }
         let mut args = common.clone();
-        if *sm90_only {
+        if sm90_only {
             args.push(gencode("90a"));
         } else {
-            for a in &archs {
-                args.push(gencode(a));
-            }
-            // PTX of the lowest listed non-"a" arch, for GPUs newer than any listed.
-            if let Some(a) = archs.iter().find(|a| !a.ends_with('a')) {
-                args.push(format!("-gencode=arch=compute_{a},code=compute_{a}"));
-            }
+            args.extend(all_archs.iter().cloned());
         }
         args.extend(extra.iter().cloned());
         let mut key = Fnv(key_base.0);
@@ -426,15 +490,17 @@ fn build_cuda(nvcc: &Path, cutlass_inc: &Path) {
             &fs::read(&path)
                 .unwrap_or_else(|e| fail(&format!("cannot read {}: {e}", path.display()))),
         );
+        let mut headers = Vec::new();
+        project_includes(&path, &cuda_dir, &mut headers);
+        headers.sort();
+        for h in &headers {
+            key.add(h.to_string_lossy().as_bytes());
+            key.add(&fs::read(h).unwrap_or_default());
+        }
         for a in &args {
             key.add(a.as_bytes());
         }
-        let stem = Path::new(src)
-            .file_stem()
-            .unwrap()
-            .to_string_lossy()
-            .to_string();
-        let obj = cache.join(format!("{stem}-{}.o", key.hex()));
+        let obj = cache.join(format!("{name}-{}.o", key.hex()));
         jobs.push(Job {
             src: path,
             args,
@@ -480,34 +546,82 @@ fn build_cuda(nvcc: &Path, cutlass_inc: &Path) {
         fail(&errors.join("\n\n"));
     }
 
-    // Archive the objects into one static library.
+    // The kernel files this build holds, for the registry.
+    let gen_dir = out_dir.join("cuda-gen");
+    fs::create_dir_all(&gen_dir)
+        .unwrap_or_else(|e| fail(&format!("cannot create {}: {e}", gen_dir.display())));
+    let mut list = String::from(
+        "// Generated by build.rs: the compiled cuda/kernels/*.cu files (see kernels/registry.h).\n",
+    );
+    for k in &kernel_files {
+        list.push_str(&format!("GMM_KERNEL_FILE({k})\n"));
+    }
+    fs::write(gen_dir.join("groupmm_kernel_files.inc"), list)
+        .unwrap_or_else(|e| fail(&format!("cannot write the kernel list: {e}")));
+
+    // The cxx bridge: generates groupmm/src/exec/ffi.rs.h (which the host code includes)
+    // now, compiles its glue below. The bridge's extern block is `#[cfg(groupmm_cuda)]`, a
+    // cfg this script itself turns on (below); cxx_build evaluates cfgs from CARGO_CFG_*
+    // variables, so set it for cxx_build here (the compile threads above have finished:
+    // nothing else reads the environment now).
+    env::set_var("CARGO_CFG_GROUPMM_CUDA", "");
+    let mut bridge = cxx_build::bridge("src/exec/ffi.rs");
+    let cxx_inc = out_dir.join("cxxbridge").join("include");
+
+    // Host code and nvcc objects: one archive.
     let mut lib = cc::Build::new();
+    lib.cpp(true)
+        .std("c++17")
+        .include(&cuda_dir)
+        .include(&cxx_inc)
+        .include(&gen_dir)
+        .includes(&cuda_inc)
+        .cargo_metadata(false);
+    let mut host = files_in(&cuda_dir.join("host"), ".cc");
+    host.retain(|p| stem(p) != "bridge");
+    host.extend(files_in(&cuda_dir.join("heuristics"), ".cc"));
+    lib.files(&host);
     for j in &jobs {
         lib.object(&j.obj);
     }
-    lib.cargo_metadata(false);
-    lib.compile("groupmm_cuda_kernels");
+    lib.compile("groupmm_cuda");
 
-    // The cxx bridge (host compiler, no CUDA headers needed). The bridge module is
-    // `#[cfg(groupmm_cuda)]`, a cfg this script itself turns on (below); cxx_build
-    // evaluates cfgs from CARGO_CFG_* variables, so set it for cxx_build here (the
-    // compile threads above have finished: nothing else reads the environment now).
-    env::set_var("CARGO_CFG_GROUPMM_CUDA", "");
-    cxx_build::bridge("src/cuda.rs")
-        .file("cuda/bridge.cc")
-        .include(manifest.join("cuda"))
+    bridge
+        .file(cuda_dir.join("host/bridge.cc"))
+        .include(&cuda_dir)
+        .includes(&cuda_inc)
         .std("c++17")
         .compile("groupmm_cuda_bridge");
 
-    // Link order: bridge (emitted by cxx_build above), kernels, static cudart, system libs.
+    // Link order: the bridge (emitted by its compile above), the CUDA archive, the static
+    // CUDA runtime, system libraries.
     println!("cargo:rustc-link-search=native={}", out_dir.display());
-    println!("cargo:rustc-link-lib=static=groupmm_cuda_kernels");
+    println!("cargo:rustc-link-lib=static=groupmm_cuda");
     println!("cargo:rustc-link-search=native={}", lib_dir.display());
     println!("cargo:rustc-link-lib=static=cudart_static");
     println!("cargo:rustc-link-lib=dylib=dl");
     println!("cargo:rustc-link-lib=dylib=rt");
     println!("cargo:rustc-link-lib=dylib=pthread");
     println!("cargo:rustc-link-lib=dylib=stdc++");
+
+    // What the C++ harness needs to build exactly as this build did.
+    let mut flags = common.clone();
+    flags.extend(all_archs.iter().cloned());
+    flags.extend(extra.iter().cloned());
+    flags.push(format!("-I{}", cxx_inc.display()));
+    let env_file = cache.parent().unwrap().join("groupmm-cuda-build.env");
+    let words = |v: &[String]| v.iter().map(|w| sh_quote(w)).collect::<Vec<_>>().join(" ");
+    let text = format!(
+        "# Written by groupmm's build.rs: the nvcc command line and the archive of the last\n\
+         # CUDA build (sourced by scripts/cuda-harness.sh).\n\
+         GROUPMM_NVCC={}\nGROUPMM_NVCC_FLAGS=({})\nGROUPMM_CUDA_ARCHIVE={}\nGROUPMM_CUDA_LIB_DIR={}\n",
+        sh_quote(&nvcc.to_string_lossy()),
+        words(&flags),
+        sh_quote(&out_dir.join("libgroupmm_cuda.a").to_string_lossy()),
+        sh_quote(&lib_dir.to_string_lossy()),
+    );
+    fs::write(&env_file, text)
+        .unwrap_or_else(|e| fail(&format!("cannot write {}: {e}", env_file.display())));
 
     println!("cargo:rustc-cfg=groupmm_cuda");
     println!("cargo:rustc-env=GROUPMM_CUDA_ARCHS={}", archs.join(";"));

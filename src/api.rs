@@ -4,8 +4,8 @@
 //! Inputs are views of any layout (slices, transposed views, negative or zero
 //! strides); they are read in place, never copied. Outputs are freshly allocated
 //! row-major arrays, or a caller's mutable view for the `*_into` functions. Every call
-//! goes through the rules of [`crate::shape`], so the accepted shapes and the error
-//! messages are those of the Python package.
+//! runs through the same engine and the same rules ([`crate::shape`]) as the Python
+//! package, so the accepted shapes and the error messages are the same.
 //!
 //! | function | a | b | offs | output |
 //! | --- | --- | --- | --- | --- |
@@ -40,76 +40,97 @@
 //! # Ok::<(), groupmm::Error>(())
 //! ```
 
-use crate::cpu;
-use crate::dtype::Element;
+use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
-use crate::shape::{self, fmt_shape, Layout, PackedPlan};
+use crate::exec::{self, Device, Memory, Offs, Output, Tensor};
+use crate::shape::Layout;
 use ndarray::{
     Array, Array2, Array3, ArrayD, ArrayView, ArrayView1, ArrayView2, ArrayView3, ArrayViewMut,
     ArrayViewMut2, Dimension, Ix2, Ix3, IxDyn,
 };
+use std::marker::PhantomData;
 
 /// The gradients of a backward call: `(dA, dB)`, each `None` unless it was asked for.
 pub type Grads<A> = (Option<A>, Option<A>);
 
-fn layout<T, D: Dimension>(v: &ArrayView<'_, T, D>) -> Layout {
-    Layout::new(v.shape(), v.strides())
-}
-
-fn layout_mut<T, D: Dimension>(v: &ArrayViewMut<'_, T, D>) -> Layout {
-    Layout::new(v.shape(), v.strides())
-}
-
-fn offs_vec(offs: Option<ArrayView1<'_, i32>>) -> Option<Vec<i32>> {
-    offs.map(|o| o.iter().copied().collect())
-}
-
-/// A fresh zero-filled row-major array of `shape`.
-fn zeros<TO: Element>(shape: &[usize]) -> ArrayD<TO> {
-    ArrayD::from_elem(IxDyn(shape), TO::zero())
-}
-
-/// Validates a packed product (shapes, then `offs` values) and returns its plan.
-fn plan<T, DA: Dimension, DB: Dimension>(
-    a: &ArrayView<'_, T, DA>,
-    b: &ArrayView<'_, T, DB>,
-    offs: Option<&[i32]>,
-) -> Result<PackedPlan> {
-    let plan = shape::plan_packed(&layout(a), &layout(b), offs.map(<[i32]>::len))?;
-    if let Some(o) = offs {
-        shape::check_offs(o, &plan)?;
+/// The engine's view of a host array of `T` at `ptr`.
+fn cpu_tensor<T: Element>(ptr: usize, shape: &[usize], strides: &[isize]) -> Tensor {
+    Tensor {
+        ptr,
+        dtype: T::DTYPE,
+        layout: Layout::new(shape, strides),
+        device: Device::Cpu,
+        id: 0,
+        transposed: false,
     }
-    Ok(plan)
 }
 
-/// Runs an already validated packed product `a · b` into `out`.
-///
-/// `a`, `b` and `out` are described by the layouts and base pointers; `out` must have
-/// shape `plan.out_shape`, must not overlap itself and must not alias `a` or `b`.
-fn run_packed<TI: Element, TO: Element>(
-    (la, pa): (&Layout, *const TI),
-    (lb, pb): (&Layout, *const TI),
-    offs: Option<&[i32]>,
-    (lc, pc): (&Layout, *mut TO),
-) -> Result<()> {
-    let plan = shape::plan_packed(la, lb, offs.map(<[i32]>::len))?;
-    if let Some(o) = offs {
-        shape::check_offs(o, &plan)?;
+/// The engine's view of an input array (read in place, never copied).
+fn desc<T: Element, D: Dimension>(v: &ArrayView<'_, T, D>) -> Tensor {
+    cpu_tensor::<T>(v.as_ptr() as usize, v.shape(), v.strides())
+}
+
+/// The engine's view of a caller's output, which it writes in place.
+fn out_desc<T: Element, D: Dimension>(v: &mut ArrayViewMut<'_, T, D>) -> Output<Fresh<T>> {
+    let t = cpu_tensor::<T>(v.as_mut_ptr() as usize, v.shape(), v.strides());
+    (None, t)
+}
+
+fn descs<T: Element>(v: &[ArrayView2<'_, T>]) -> Vec<Tensor> {
+    v.iter().map(desc).collect()
+}
+
+fn offs_desc(offs: &Option<ArrayView1<'_, i32>>) -> Option<Offs> {
+    offs.as_ref().map(|o| Offs {
+        ptr: o.as_ptr() as usize,
+        layout: Layout::new(o.shape(), o.strides()),
+        device: Device::Cpu,
+        id: 0,
+    })
+}
+
+/// An output the engine allocated (`Some`), or a caller's view it wrote (`None`).
+type Fresh<T> = Option<ArrayD<T>>;
+
+/// The memory of this face: fresh zero-filled row-major arrays of `TO`; the CPU kernels
+/// run on the calling thread's rayon pool.
+struct Owned<TO>(PhantomData<TO>);
+
+impl<TO: Element> Owned<TO> {
+    fn new() -> Self {
+        Owned(PhantomData)
     }
-    if lc.shape != plan.out_shape {
-        return Err(Error::Shape(format!(
-            "internal: output shape {} does not match the plan's {}",
-            fmt_shape(&lc.shape),
-            fmt_shape(&plan.out_shape)
-        )));
+}
+
+impl<TO: Element> Memory for Owned<TO> {
+    type Out = Fresh<TO>;
+
+    fn alloc(
+        &mut self,
+        shape: &[usize],
+        dtype: DType,
+        device: Device,
+    ) -> Result<Output<Fresh<TO>>> {
+        if dtype != TO::DTYPE || device != Device::Cpu {
+            return Err(Error::Type(format!(
+                "internal: the ndarray API allocates {} on cpu, asked for {} on {device}",
+                TO::DTYPE.torch_name(),
+                dtype.torch_name()
+            )));
+        }
+        let mut a = ArrayD::from_elem(IxDyn(shape), TO::zero());
+        let (_, t) = out_desc(&mut a.view_mut());
+        Ok((Some(a), t))
     }
-    let problems = shape::packed_problems(&plan, la, lb, lc, offs);
-    // SAFETY: the problems come from `packed_problems` on the layouts of the memory
-    // behind `pa`, `pb` (views borrowed by our callers for the whole call) and `pc`
-    // (an array or mutable view of shape `plan.out_shape`, borrowed mutably, so
-    // non-overlapping per `check_out`/fresh allocation and not aliasing the inputs).
-    unsafe { cpu::run_packed(&problems, pa, pb, pc) };
-    Ok(())
+}
+
+/// The array the engine allocated for an output.
+fn fresh<T>(out: Fresh<T>) -> Result<ArrayD<T>> {
+    out.ok_or_else(|| Error::Type("internal: no output array".into()))
+}
+
+fn fresh2<T>(out: Fresh<T>) -> Result<Array2<T>> {
+    fresh(out).map(fixed::<T, Ix2>)
 }
 
 // ---------------------------------------------------------------------------------
@@ -174,17 +195,30 @@ pub fn grouped_mm_to<TI: Element, TO: Element, DA: Dimension, DB: Dimension>(
     b: ArrayView<'_, TI, DB>,
     offs: Option<ArrayView1<'_, i32>>,
 ) -> Result<ArrayD<TO>> {
-    let offs = offs_vec(offs);
-    let plan = plan(&a, &b, offs.as_deref())?;
-    let mut out = zeros::<TO>(&plan.out_shape);
-    let lc = Layout::new(out.shape(), out.strides());
-    run_packed(
-        (&layout(&a), a.as_ptr()),
-        (&layout(&b), b.as_ptr()),
-        offs.as_deref(),
-        (&lc, out.as_mut_ptr()),
-    )?;
-    Ok(out)
+    fresh(packed(a, b, offs, None)?)
+}
+
+/// The packed product into `out` (a caller's view), or into a fresh array (`None`).
+fn packed<TI: Element, TO: Element, DA: Dimension, DB: Dimension>(
+    a: ArrayView<'_, TI, DA>,
+    b: ArrayView<'_, TI, DB>,
+    offs: Option<ArrayView1<'_, i32>>,
+    out: Option<Output<Fresh<TO>>>,
+) -> Result<Fresh<TO>> {
+    let (a, b, offs) = (desc(&a), desc(&b), offs_desc(&offs));
+    // SAFETY: the descriptions are of the borrowed views, live for the call (a caller's
+    // `out` is borrowed mutably, so no input aliases it); fresh outputs are allocated
+    // by `Owned`.
+    unsafe {
+        exec::packed(
+            &mut Owned::<TO>::new(),
+            &a,
+            &b,
+            offs.as_ref(),
+            Some(TO::DTYPE),
+            out,
+        )
+    }
 }
 
 /// [`grouped_mm_to`] writing into a caller's array or view `out` (any strides that do
@@ -215,16 +249,7 @@ pub fn grouped_mm_into<TI: Element, TO: Element, DA: Dimension, DB: Dimension, D
     offs: Option<ArrayView1<'_, i32>>,
     mut out: ArrayViewMut<'_, TO, DC>,
 ) -> Result<()> {
-    let offs = offs_vec(offs);
-    let plan = plan(&a, &b, offs.as_deref())?;
-    let lc = layout_mut(&out);
-    shape::check_out("out", &lc, &plan.out_shape)?;
-    run_packed(
-        (&layout(&a), a.as_ptr()),
-        (&layout(&b), b.as_ptr()),
-        offs.as_deref(),
-        (&lc, out.as_mut_ptr()),
-    )
+    packed(a, b, offs, Some(out_desc(&mut out))).map(drop)
 }
 
 /// Backward of [`grouped_mm`]: given `grad = ∂L/∂out`, returns `(∂L/∂a, ∂L/∂b)` with
@@ -294,54 +319,22 @@ pub fn grouped_mm_backward_to<
     need_a: bool,
     need_b: bool,
 ) -> Result<Grads<ArrayD<TO>>> {
-    let offs = offs_vec(offs);
-    let offs = offs.as_deref();
-    let fwd = plan(&a, &b, offs)?;
-    let (lg, la, lb) = (layout(&grad), layout(&a), layout(&b));
-    check_grad("grad", &lg, &fwd.out_shape)?;
-    let [(ga, gb), (ha, hb)] = shape::backward_layouts(&lg, &la, &lb);
-    let da = if need_a {
-        // dA = grad · bᵀ
-        let mut da = zeros::<TO>(a.shape());
-        let lc = Layout::new(da.shape(), da.strides());
-        run_packed(
-            (&ga, grad.as_ptr()),
-            (&gb, b.as_ptr()),
-            offs,
-            (&lc, da.as_mut_ptr()),
-        )?;
-        Some(da)
-    } else {
-        None
+    let (grad, a, b, offs) = (desc(&grad), desc(&a), desc(&b), offs_desc(&offs));
+    // SAFETY: the descriptions are of the borrowed views, live for the call; outputs are
+    // allocated by `Owned`.
+    let (da, db) = unsafe {
+        exec::packed_backward(
+            &mut Owned::<TO>::new(),
+            &grad,
+            &a,
+            &b,
+            offs.as_ref(),
+            need_a,
+            need_b,
+            Some(TO::DTYPE),
+        )?
     };
-    let db = if need_b {
-        // dB = aᵀ · grad
-        let mut db = zeros::<TO>(b.shape());
-        let lc = Layout::new(db.shape(), db.strides());
-        run_packed(
-            (&ha, a.as_ptr()),
-            (&hb, grad.as_ptr()),
-            offs,
-            (&lc, db.as_mut_ptr()),
-        )?;
-        Some(db)
-    } else {
-        None
-    };
-    Ok((da, db))
-}
-
-/// The upstream gradient must have the forward output's shape (any strides, including
-/// broadcast zero strides, are fine for an input).
-fn check_grad(arg: &str, grad: &Layout, expected: &[usize]) -> Result<()> {
-    if grad.shape != expected {
-        return Err(Error::Shape(format!(
-            "{arg}: expected shape {} (the output of the forward), found {}",
-            fmt_shape(expected),
-            fmt_shape(&grad.shape)
-        )));
-    }
-    Ok(())
+    Ok((da.map(fresh).transpose()?, db.map(fresh).transpose()?))
 }
 
 fn fixed<T, D: Dimension>(out: ArrayD<T>) -> Array<T, D> {
@@ -482,16 +475,18 @@ pub fn grouped_mm_list_to<TI: Element, TO: Element>(
     a: &[ArrayView2<'_, TI>],
     b: &[ArrayView2<'_, TI>],
 ) -> Result<Vec<Array2<TO>>> {
-    let (la, lb) = (layouts(a), layouts(b));
-    let dims = shape::plan_list(&la, &lb)?;
-    let mut out: Vec<Array2<TO>> = dims
-        .iter()
-        .map(|d| Array2::from_elem((d.m, d.n), TO::zero()))
-        .collect();
-    let mut views: Vec<_> = out.iter_mut().map(|o| o.view_mut()).collect();
-    run_list(&dims, (&la, a), (&lb, b), &mut views);
-    drop(views);
-    Ok(out)
+    // SAFETY: the descriptions are of the borrowed views, live for the call; outputs are
+    // allocated by `Owned`.
+    let out = unsafe {
+        exec::list(
+            &mut Owned::<TO>::new(),
+            &descs(a),
+            &descs(b),
+            Some(TO::DTYPE),
+            None,
+        )?
+    };
+    out.into_iter().map(fresh2).collect()
 }
 
 /// [`grouped_mm_list_to`] writing into caller-provided views `out[i]` of shape
@@ -517,27 +512,26 @@ pub fn grouped_mm_list_into<TI: Element, TO: Element>(
     b: &[ArrayView2<'_, TI>],
     out: &mut [ArrayViewMut2<'_, TO>],
 ) -> Result<()> {
-    let (la, lb) = (layouts(a), layouts(b));
-    let dims = shape::plan_list(&la, &lb)?;
-    if out.len() != dims.len() {
-        return Err(Error::Shape(format!(
-            "out: expected a sequence of {} outputs (one per group), found {}",
-            dims.len(),
-            out.len()
-        )));
-    }
-    for (i, (o, d)) in out.iter().zip(&dims).enumerate() {
-        shape::check_out(&format!("out[{i}]"), &layout_mut(o), &[d.m, d.n])?;
-    }
-    run_list(&dims, (&la, a), (&lb, b), out);
+    let outs: Vec<Output<Fresh<TO>>> = out.iter_mut().map(out_desc).collect();
+    // SAFETY: the descriptions are of the borrowed views (outputs borrowed mutably, so
+    // distinct and not aliasing an input), live for the call.
+    unsafe {
+        exec::list(
+            &mut Owned::<TO>::new(),
+            &descs(a),
+            &descs(b),
+            Some(TO::DTYPE),
+            Some(outs),
+        )?
+    };
     Ok(())
 }
 
-/// Backward of [`grouped_mm_list`]: `dA[i] = grad[i] · b[i]ᵀ`, `dB[i] = a[i]ᵀ · grad[i]`
-/// (each list `None` unless asked for).
+/// Backward of [`grouped_mm_list`]: `dA[i] = grads[i] · b[i]ᵀ`,
+/// `dB[i] = a[i]ᵀ · grads[i]` (each list `None` unless asked for).
 ///
 /// # Errors
-/// As [`grouped_mm_list`], plus [`Error::Shape`] naming `grad` or `grad[i]` when the
+/// As [`grouped_mm_list`], plus [`Error::Shape`] naming `grads` or `grads[i]` when the
 /// upstream gradients do not match the forward outputs.
 ///
 /// # Example
@@ -554,13 +548,13 @@ pub fn grouped_mm_list_into<TI: Element, TO: Element>(
 /// # Ok::<(), groupmm::Error>(())
 /// ```
 pub fn grouped_mm_list_backward<T: Element>(
-    grad: &[ArrayView2<'_, T>],
+    grads: &[ArrayView2<'_, T>],
     a: &[ArrayView2<'_, T>],
     b: &[ArrayView2<'_, T>],
     need_a: bool,
     need_b: bool,
 ) -> Result<Grads<Vec<Array2<T>>>> {
-    grouped_mm_list_backward_to::<T, T>(grad, a, b, need_a, need_b)
+    grouped_mm_list_backward_to::<T, T>(grads, a, b, need_a, need_b)
 }
 
 /// [`grouped_mm_list_backward`] with a separate gradient type `TO`.
@@ -578,80 +572,25 @@ pub fn grouped_mm_list_backward<T: Element>(
 /// # Ok::<(), groupmm::Error>(())
 /// ```
 pub fn grouped_mm_list_backward_to<TI: Element, TO: Element>(
-    grad: &[ArrayView2<'_, TI>],
+    grads: &[ArrayView2<'_, TI>],
     a: &[ArrayView2<'_, TI>],
     b: &[ArrayView2<'_, TI>],
     need_a: bool,
     need_b: bool,
 ) -> Result<Grads<Vec<Array2<TO>>>> {
-    let (la, lb, lg) = (layouts(a), layouts(b), layouts(grad));
-    let dims = shape::plan_list(&la, &lb)?;
-    if lg.len() != dims.len() {
-        return Err(Error::Shape(format!(
-            "grad: expected a sequence of {} gradients (one per output), found {}",
-            dims.len(),
-            lg.len()
-        )));
-    }
-    for (i, (g, d)) in lg.iter().zip(&dims).enumerate() {
-        check_grad(&format!("grad[{i}]"), g, &[d.m, d.n])?;
-    }
-    let mut bl: [(Vec<Layout>, Vec<Layout>); 2] = Default::default();
-    for ((g, la), lb) in lg.iter().zip(&la).zip(&lb) {
-        let [(ga, gb), (ha, hb)] = shape::backward_layouts(g, la, lb);
-        bl[0].0.push(ga);
-        bl[0].1.push(gb);
-        bl[1].0.push(ha);
-        bl[1].1.push(hb);
-    }
-    let run_one = |(xl, yl): &(Vec<Layout>, Vec<Layout>),
-                   x: &[ArrayView2<'_, TI>],
-                   y: &[ArrayView2<'_, TI>]|
-     -> Result<Vec<Array2<TO>>> {
-        let dims = shape::plan_list(xl, yl)?;
-        let mut out: Vec<Array2<TO>> = dims
-            .iter()
-            .map(|d| Array2::from_elem((d.m, d.n), TO::zero()))
-            .collect();
-        let mut views: Vec<_> = out.iter_mut().map(|o| o.view_mut()).collect();
-        run_list(&dims, (xl, x), (yl, y), &mut views);
-        drop(views);
-        Ok(out)
+    // SAFETY: the descriptions are of the borrowed views, live for the call; outputs are
+    // allocated by `Owned`.
+    let (da, db) = unsafe {
+        exec::list_backward(
+            &mut Owned::<TO>::new(),
+            &descs(grads),
+            &descs(a),
+            &descs(b),
+            need_a,
+            need_b,
+            Some(TO::DTYPE),
+        )?
     };
-    let da = if need_a {
-        Some(run_one(&bl[0], grad, b)?)
-    } else {
-        None
-    };
-    let db = if need_b {
-        Some(run_one(&bl[1], a, grad)?)
-    } else {
-        None
-    };
-    Ok((da, db))
-}
-
-fn layouts<T>(v: &[ArrayView2<'_, T>]) -> Vec<Layout> {
-    v.iter().map(layout).collect()
-}
-
-/// Runs a validated list product: group `i` reads `x[i]` (layout `xl[i]`) and `y[i]`
-/// (layout `yl[i]`) and writes `out[i]`, which has shape `[dims[i].m, dims[i].n]`.
-fn run_list<TI: Element, TO: Element>(
-    dims: &[shape::GroupDims],
-    (xl, x): (&[Layout], &[ArrayView2<'_, TI>]),
-    (yl, y): (&[Layout], &[ArrayView2<'_, TI>]),
-    out: &mut [ArrayViewMut2<'_, TO>],
-) {
-    let cl: Vec<Layout> = out.iter().map(layout_mut).collect();
-    let problems = shape::list_problems(dims, xl, yl, &cl);
-    let px: Vec<*const TI> = x.iter().map(|v| v.as_ptr()).collect();
-    let py: Vec<*const TI> = y.iter().map(|v| v.as_ptr()).collect();
-    let pc: Vec<*mut TO> = out.iter_mut().map(|v| v.as_mut_ptr()).collect();
-    // SAFETY: `problems` come from `list_problems` on the layouts of exactly these
-    // views (the layouts were taken from them, and `dims` from `plan_list` on the input
-    // layouts, with every output of shape `[m_i, n_i]`). The input views stay borrowed
-    // for the call; each output is a distinct `&mut` view (so outputs cannot alias one
-    // another or any input) that is non-overlapping by construction or by `check_out`.
-    unsafe { cpu::run_list(&problems, &px, &py, &pc) };
+    let arrays = |v: Vec<Fresh<TO>>| v.into_iter().map(fresh2).collect::<Result<Vec<_>>>();
+    Ok((da.map(arrays).transpose()?, db.map(arrays).transpose()?))
 }

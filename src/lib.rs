@@ -5,20 +5,23 @@
 //! backward, on CPU (this crate's Rust kernels) and on NVIDIA GPUs (CUTLASS kernels,
 //! when built with CUDA).
 //!
-//! - [`shape`] owns every group-shape rule and the error messages.
+//! - [`api`] is the Rust API on `ndarray` views: forward and backward of each form. It
+//!   is a face of the engine, as the Python module is (feature `python`).
+//! - The engine (`exec`, private) runs every call: validate, plan, dispatch to the CPU
+//!   kernels or the CUDA launchers (through one `cxx` bridge), compose the backward.
+//! - [`shape`] owns every rule about arguments and the wording of its error.
 //! - [`cpu`] runs the per-group GEMMs in parallel.
-//! - [`api`] is the Rust API on `ndarray` views: forward and backward of each form.
 //! - [`gradcheck`] checks analytic gradients against central finite differences.
 //!
-//! Python users reach the same code through the `groupmm` package (feature `python`).
+//! ARCHITECTURE.md at the repository root is the map.
 
 #![warn(missing_docs)]
 
 pub mod api;
 pub mod cpu;
-pub mod cuda;
 pub mod dtype;
 pub mod error;
+pub(crate) mod exec;
 pub mod gradcheck;
 pub mod shape;
 

@@ -1,12 +1,14 @@
-//! Group-shape rules: the one module that decides whether a grouped product is valid,
-//! what its output looks like and how it splits into per-group GEMMs.
+//! The rules: the one module that decides whether a grouped product is valid, what its
+//! output looks like and how it splits into per-group GEMMs, and that words every
+//! message about a bad argument (shapes, `offs`, counts of outputs and gradients, the
+//! gradient's shape, `out=`, dtype and device agreement). See ARCHITECTURE.md.
 //!
-//! Every entry point (the ndarray API, numpy, torch on CPU and on CUDA) describes its
-//! operands as [`Layout`]s (shape and strides in elements) and goes through
-//! [`plan_list`] or [`plan_packed`]. CPU callers then turn a plan into per-group
-//! problems with [`list_problems`] / [`packed_problems`]; the CUDA kernels build the
-//! same per-group problems on the device from `offs` (see `cuda/args.cuh`), following the
-//! rules written down here.
+//! Every entry point (the ndarray API, numpy, torch on CPU and on CUDA) reaches these
+//! rules through the engine (`crate::exec`), which describes operands as [`Layout`]s
+//! (shape and strides in elements) and calls [`plan_list`] or [`plan_packed`] once per
+//! product. CPU runs then turn a plan into per-group problems with [`list_problems`] /
+//! [`packed_problems`]; the CUDA argument builder makes the same per-group problems on
+//! the device from `offs` (`cuda/device/args.cu`), following the rules written here.
 //!
 //! # Forms
 //!
@@ -28,7 +30,9 @@
 //! product follows from the dimensions, so [`backward_layouts`] is all the backward
 //! needs.
 
+use crate::dtype::DType;
 use crate::error::{shape_err, Error, Result};
+use std::fmt::Display;
 
 /// Shape and strides (in elements) of a 1-, 2- or 3-D operand.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,6 +41,12 @@ pub struct Layout {
     pub shape: Vec<usize>,
     /// Distance in elements between neighbours along each dimension.
     pub strides: Vec<isize>,
+}
+
+impl AsRef<Layout> for Layout {
+    fn as_ref(&self) -> &Layout {
+        self
+    }
 }
 
 impl Layout {
@@ -370,6 +380,17 @@ pub fn check_offs(offs: &[i32], plan: &PackedPlan) -> Result<()> {
     Ok(())
 }
 
+/// What a call on CUDA raises when an earlier call's kernels met invalid `offs` (the
+/// device never reads `offs` on the host: the argument builder clamps the spans exactly
+/// as [`clamp_spans`] and raises a per-device flag that the next call reads).
+pub fn offs_error_pending(device: impl Display) -> Error {
+    Error::Value(format!(
+        "offs: an earlier grouped_mm call on {device} received invalid offs (negative, \
+         decreasing or past the end); its groups were clamped to the valid range. \
+         CUDA reports this asynchronously, at the next call"
+    ))
+}
+
 /// The spans `[start, end)` of every group, clamped so that any `offs` (decreasing,
 /// negative, past the end) gives spans inside `0..=extent` that are ordered and
 /// disjoint: `end_g` is the running maximum of `offs[0..=g]` clamped to `0..=extent`,
@@ -552,7 +573,7 @@ pub struct GroupDims {
 }
 
 /// Validates the list form: `As[i]` is `[M_i, K_i]`, `Bs[i]` is `[K_i, N_i]`.
-pub fn plan_list(a: &[Layout], b: &[Layout]) -> Result<Vec<GroupDims>> {
+pub fn plan_list<A: AsRef<Layout>, B: AsRef<Layout>>(a: &[A], b: &[B]) -> Result<Vec<GroupDims>> {
     if a.len() != b.len() {
         return Err(shape_err(format!(
             "As and Bs: expected sequences of the same length, found {} and {}",
@@ -562,6 +583,7 @@ pub fn plan_list(a: &[Layout], b: &[Layout]) -> Result<Vec<GroupDims>> {
     }
     let mut dims = Vec::with_capacity(a.len());
     for (i, (la, lb)) in a.iter().zip(b).enumerate() {
+        let (la, lb) = (la.as_ref(), lb.as_ref());
         if la.ndim() != 2 {
             return Err(shape_err(format!(
                 "As[{i}]: expected a 2-D tensor [M, K], found {}-D with shape {}",
@@ -594,7 +616,12 @@ pub fn plan_list(a: &[Layout], b: &[Layout]) -> Result<Vec<GroupDims>> {
 
 /// Per-group problems of a list product: group `i` reads `As[i]`, `Bs[i]` and writes
 /// `Cs[i]`, each at offset 0 of its own buffer.
-pub fn list_problems(dims: &[GroupDims], a: &[Layout], b: &[Layout], c: &[Layout]) -> Vec<Problem> {
+pub fn list_problems<A: AsRef<Layout>, B: AsRef<Layout>, C: AsRef<Layout>>(
+    dims: &[GroupDims],
+    a: &[A],
+    b: &[B],
+    c: &[C],
+) -> Vec<Problem> {
     dims.iter()
         .enumerate()
         .filter(|(_, d)| d.m > 0 && d.n > 0)
@@ -603,16 +630,29 @@ pub fn list_problems(dims: &[GroupDims], a: &[Layout], b: &[Layout], c: &[Layout
             m: d.m,
             n: d.n,
             k: d.k,
-            a: mat(&a[i], None, 0, 0),
-            b: mat(&b[i], None, 0, 0),
-            c: mat(&c[i], None, 0, 0),
+            a: mat(a[i].as_ref(), None, 0, 0),
+            b: mat(b[i].as_ref(), None, 0, 0),
+            c: mat(c[i].as_ref(), None, 0, 0),
         })
         .collect()
 }
 
-/// The operand layouts of the two backward products: `dA = (dC, bᵀ)` and
-/// `dB = (aᵀ, dC)`, each to be run through the forward rules with the same `offs`.
-pub fn backward_layouts(grad: &Layout, a: &Layout, b: &Layout) -> [(Layout, Layout); 2] {
+/// Something viewed with its last two dimensions swapped: a [`Layout`], or an operand
+/// description that carries one.
+pub trait Transposable: Clone {
+    /// The same memory with its last two dimensions swapped.
+    fn transposed(&self) -> Self;
+}
+
+impl Transposable for Layout {
+    fn transposed(&self) -> Self {
+        Layout::transposed(self)
+    }
+}
+
+/// The operands of the two backward products: `dA = (dC, bᵀ)` and `dB = (aᵀ, dC)`,
+/// each to be run through the forward rules with the same `offs`.
+pub fn backward_layouts<T: Transposable>(grad: &T, a: &T, b: &T) -> [(T, T); 2] {
     [
         (grad.clone(), b.transposed()),
         (a.transposed(), grad.clone()),
@@ -621,7 +661,7 @@ pub fn backward_layouts(grad: &Layout, a: &Layout, b: &Layout) -> [(Layout, Layo
 
 /// Checks that a user-supplied output has the expected shape and does not overlap
 /// itself.
-pub fn check_out(arg: &str, out: &Layout, expected: &[usize]) -> Result<()> {
+pub fn check_out(arg: impl Display, out: &Layout, expected: &[usize]) -> Result<()> {
     if out.shape != expected {
         return Err(shape_err(format!(
             "{arg}: expected shape {}, found {}",
@@ -636,6 +676,122 @@ pub fn check_out(arg: &str, out: &Layout, expected: &[usize]) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// The upstream gradient must have the forward output's shape (any strides, including
+/// broadcast zero strides, are fine for an input).
+pub fn check_grad(arg: impl Display, grad: &Layout, expected: &[usize]) -> Result<()> {
+    if grad.shape != expected {
+        return Err(shape_err(format!(
+            "{arg}: expected shape {} (the output of the forward), found {}",
+            fmt_shape(expected),
+            fmt_shape(&grad.shape)
+        )));
+    }
+    Ok(())
+}
+
+/// A sequence argument of the list form (`out=`, `grads`) holds one entry per group;
+/// `each` says what an entry is, e.g. `"outputs (one per group)"`.
+pub fn check_len(arg: &str, expected: usize, found: usize, each: &str) -> Result<()> {
+    if expected != found {
+        return Err(shape_err(format!(
+            "{arg}: expected a sequence of {expected} {each}, found {found}"
+        )));
+    }
+    Ok(())
+}
+
+/// `offs` is a 1-D tensor of group ends; returns its length.
+pub fn offs_len(offs: &Layout) -> Result<usize> {
+    if offs.ndim() != 1 {
+        return Err(shape_err(format!(
+            "offs: expected a 1-D tensor of group ends, found shape {}",
+            fmt_shape(&offs.shape)
+        )));
+    }
+    Ok(offs.shape[0])
+}
+
+/// Every operand of a call has the dtype and device of its reference operand (`a`, or
+/// `As[0]` for the list form). `dtype` is `None` for `offs` (int32, checked when read).
+pub fn check_like<D: PartialEq + Display>(
+    arg: impl Display,
+    (dtype, device): (Option<DType>, D),
+    like: impl Display,
+    (like_dtype, like_device): (DType, D),
+) -> Result<()> {
+    if let Some(d) = dtype.filter(|&d| d != like_dtype) {
+        return Err(Error::Dtype(format!(
+            "{arg}: expected dtype {} (the dtype of {like}), found {}",
+            like_dtype.torch_name(),
+            d.torch_name()
+        )));
+    }
+    if device != like_device {
+        return Err(Error::Device(format!(
+            "{arg}: expected a tensor on {like_device} (the device of {like}), found one on {device}"
+        )));
+    }
+    Ok(())
+}
+
+/// A user-supplied output has the output dtype of the call.
+pub fn check_out_dtype(arg: impl Display, found: DType, expected: DType) -> Result<()> {
+    if found != expected {
+        return Err(Error::Dtype(format!(
+            "{arg}: expected dtype {} (the output dtype), found {}",
+            expected.torch_name(),
+            found.torch_name()
+        )));
+    }
+    Ok(())
+}
+
+/// `out_dtype=` of the Python API: `None` (the input dtype), the input dtype, or float32
+/// from 16-bit inputs. `found` is the requested dtype when it is one groupmm knows,
+/// `shown` how the caller wrote it. (The Rust API chooses its output type statically.)
+pub fn resolve_out_dtype(input: DType, found: Option<DType>, shown: impl Display) -> Result<DType> {
+    match found {
+        Some(d) if d == input || (d == DType::F32 && input.is_16bit()) => Ok(d),
+        _ => Err(Error::Dtype(format!(
+            "out_dtype: expected None or the input dtype {}{}, found {shown}",
+            input.torch_name(),
+            if input.is_16bit() {
+                " or torch.float32"
+            } else {
+                ""
+            },
+        ))),
+    }
+}
+
+/// An output must not share memory with an input or with another output: `range` and
+/// `other_range` are half-open byte ranges, `other` names the other operand (e.g.
+/// `"the input a"`, `"out[0]"`).
+pub fn check_disjoint(
+    arg: impl Display,
+    range: (usize, usize),
+    other: impl Display,
+    other_range: (usize, usize),
+) -> Result<()> {
+    if range.0 < other_range.1 && other_range.0 < range.1 {
+        return Err(Error::Value(format!(
+            "{arg}: must not share memory with {other}"
+        )));
+    }
+    Ok(())
+}
+
+/// Names an element of a sequence argument in messages, e.g. `As[3]`, without
+/// formatting anything unless a message is written.
+#[derive(Debug, Clone, Copy)]
+pub struct Item(pub &'static str, pub usize);
+
+impl Display for Item {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}[{}]", self.0, self.1)
+    }
 }
 
 #[cfg(test)]
@@ -727,6 +883,58 @@ mod tests {
         assert!(!Layout::new(&[3, 4], &[0, 1]).is_non_overlapping());
         assert!(!Layout::new(&[3, 4], &[2, 1]).is_non_overlapping());
         assert!(Layout::new(&[3, 4], &[8, 2]).is_non_overlapping());
+    }
+
+    #[test]
+    fn argument_rules_name_the_argument() {
+        let msg = |r: Result<()>| r.unwrap_err().to_string();
+        assert_eq!(
+            msg(check_grad("grad", &c(&[4, 6]), &[4, 5])),
+            "grad: expected shape [4, 5] (the output of the forward), found [4, 6]"
+        );
+        assert_eq!(
+            msg(check_len("grads", 2, 3, "gradients (one per output)")),
+            "grads: expected a sequence of 2 gradients (one per output), found 3"
+        );
+        assert!(check_len("out", 2, 2, "outputs (one per group)").is_ok());
+        let e = check_like(
+            Item("Bs", 1),
+            (Some(DType::F64), 0),
+            "As[0]",
+            (DType::F32, 0),
+        );
+        assert!(
+            matches!(&e, Err(Error::Dtype(m)) if m == "Bs[1]: expected dtype torch.float32 (the dtype of As[0]), found torch.float64"),
+            "{e:?}"
+        );
+        let e = check_like("offs", (None, "cpu"), "a", (DType::F32, "cuda:0"));
+        assert!(
+            matches!(&e, Err(Error::Device(m)) if m == "offs: expected a tensor on cuda:0 (the device of a), found one on cpu"),
+            "{e:?}"
+        );
+        assert!(check_like("b", (Some(DType::F32), 1), "a", (DType::F32, 1)).is_ok());
+        assert!(matches!(
+            check_disjoint("out", (0, 16), "the input a", (8, 24)),
+            Err(Error::Value(m)) if m == "out: must not share memory with the input a"
+        ));
+        assert!(check_disjoint("out", (0, 16), "out[0]", (16, 24)).is_ok());
+        assert_eq!(
+            msg(check_out_dtype("out", DType::F16, DType::F32)),
+            "out: expected dtype torch.float32 (the output dtype), found torch.float16"
+        );
+        assert_eq!(
+            resolve_out_dtype(DType::BF16, Some(DType::F32), "x").unwrap(),
+            DType::F32
+        );
+        assert!(matches!(
+            resolve_out_dtype(DType::F32, Some(DType::F16), "torch.float16"),
+            Err(Error::Dtype(m)) if m == "out_dtype: expected None or the input dtype torch.float32, found torch.float16"
+        ));
+        assert_eq!(
+            offs_len(&c(&[1, 3])).unwrap_err().to_string(),
+            "offs: expected a 1-D tensor of group ends, found shape [1, 3]"
+        );
+        assert_eq!(offs_len(&c(&[3])).unwrap(), 3);
     }
 
     #[test]

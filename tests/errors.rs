@@ -198,11 +198,11 @@ fn list_errors_name_the_group() {
     let g = a2(2, 4);
     shape(
         grouped_mm_list_backward(&[g.view(), g.view()], &[x.view()], &[y.view()], true, true),
-        "grad: expected a sequence of 1",
+        "grads: expected a sequence of 1",
     );
     shape(
         grouped_mm_list_backward(&[a2(2, 5).view()], &[x.view()], &[y.view()], true, true),
-        "grad[0]: expected shape [2, 4]",
+        "grads[0]: expected shape [2, 4]",
     );
     shape(
         grouped_mm_list_backward(&[g.view()], &[x.view()], &[x.view()], true, true),

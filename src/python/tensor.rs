@@ -3,14 +3,16 @@
 //! The torch module, its dtype objects and the few functions we call are looked up once
 //! and cached; attribute names are interned.
 
-use crate::error::{Error, Result};
-use crate::shape::{fmt_shape, Layout};
+use crate::error::Error;
+use crate::exec::Device;
+use crate::shape::Layout;
 use crate::DType;
 use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyType};
+use pyo3::types::PyType;
+use std::fmt::Display;
 
 /// Cached torch objects.
 pub(crate) struct Torch {
@@ -18,9 +20,10 @@ pub(crate) struct Torch {
     /// float16, bfloat16, float32, float64 (order of [`dtype_index`]).
     pub dtypes: [Py<PyAny>; 4],
     pub int32: Py<PyAny>,
+    #[cfg_attr(not(groupmm_cuda), allow(dead_code))]
     pub uint8: Py<PyAny>,
+    #[cfg_attr(not(groupmm_cuda), allow(dead_code))]
     pub empty: Py<PyAny>,
-    pub zeros: Py<PyAny>,
     /// `torch._C._cuda_getCurrentRawStream(device) -> int`, when torch has CUDA.
     pub raw_stream: Option<Py<PyAny>>,
     /// `torch._C._get_cublas_allow_tf32() -> bool`.
@@ -68,7 +71,6 @@ impl Torch {
                 int32: get("int32")?,
                 uint8: get("uint8")?,
                 empty: get("empty")?,
-                zeros: get("zeros")?,
                 raw_stream: c
                     .getattr("_cuda_getCurrentRawStream")
                     .ok()
@@ -90,41 +92,6 @@ impl Torch {
             .position(|d| d.bind(py).is(obj))
             .map(|i| DTYPES[i])
     }
-
-    /// `torch.empty(shape, dtype=..., device=...)` (zeros when `zero`); `device` is a
-    /// `torch.device` (or string), `None` for CPU.
-    pub fn alloc<'py>(
-        &self,
-        py: Python<'py>,
-        shape: &[usize],
-        dtype: &Bound<'py, PyAny>,
-        device: Option<&Bound<'py, PyAny>>,
-        zero: bool,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        let kw = PyDict::new(py);
-        kw.set_item(intern!(py, "dtype"), dtype)?;
-        if let Some(d) = device {
-            kw.set_item(intern!(py, "device"), d)?;
-        }
-        let f = if zero { &self.zeros } else { &self.empty };
-        f.bind(py).call((shape.to_vec(),), Some(&kw))
-    }
-}
-
-/// Where a tensor lives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Dev {
-    Cpu,
-    Cuda(i32),
-}
-
-impl std::fmt::Display for Dev {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Dev::Cpu => write!(f, "cpu"),
-            Dev::Cuda(i) => write!(f, "cuda:{i}"),
-        }
-    }
 }
 
 /// Torch tensor or numpy array.
@@ -134,10 +101,18 @@ pub(crate) enum Kind {
     Numpy,
 }
 
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Torch => "torch.Tensor",
+            Kind::Numpy => "numpy.ndarray",
+        }
+    }
+}
+
 /// One array argument, read once.
-#[derive(Clone)]
 pub(crate) struct Arg<'py> {
-    pub name: String,
+    /// The object (for numpy, an aligned copy when the original was not aligned).
     pub obj: Bound<'py, PyAny>,
     pub kind: Kind,
     /// Address of element `[0, ...]`.
@@ -145,37 +120,7 @@ pub(crate) struct Arg<'py> {
     pub layout: Layout,
     /// `None` for int32 (offs).
     pub dtype: Option<DType>,
-    pub dev: Dev,
-    /// True when `layout` is `obj`'s layout with the last two dimensions swapped.
-    pub transposed: bool,
-}
-
-impl<'py> Arg<'py> {
-    /// The same memory with the last two dimensions swapped.
-    pub fn transposed(&self) -> Arg<'py> {
-        Arg {
-            layout: self.layout.transposed(),
-            transposed: !self.transposed,
-            ..self.clone()
-        }
-    }
-
-    pub fn dtype(&self) -> DType {
-        self.dtype.expect("float argument")
-    }
-
-    /// Half-open byte range this argument's elements occupy.
-    pub fn byte_range(&self) -> (usize, usize) {
-        let es = self.dtype.map(DType::size).unwrap_or(4) as isize;
-        let (lo, hi) = self.layout.offset_range();
-        if self.layout.numel() == 0 {
-            return (self.ptr, self.ptr);
-        }
-        (
-            (self.ptr as isize + lo * es) as usize,
-            (self.ptr as isize + (hi + 1) * es) as usize,
-        )
-    }
+    pub device: Device,
 }
 
 fn type_name(obj: &Bound<'_, PyAny>) -> String {
@@ -186,7 +131,11 @@ fn type_name(obj: &Bound<'_, PyAny>) -> String {
 }
 
 /// What kind of array `obj` is, or a `TypeError` naming `name`.
-pub(crate) fn kind_of(py: Python<'_>, name: &str, obj: &Bound<'_, PyAny>) -> PyResult<Kind> {
+pub(crate) fn kind_of(
+    py: Python<'_>,
+    name: &dyn Display,
+    obj: &Bound<'_, PyAny>,
+) -> PyResult<Kind> {
     if let Some(t) = Torch::get(py)? {
         if obj.is_instance(t.tensor_type.bind(py))? {
             return Ok(Kind::Torch);
@@ -205,7 +154,7 @@ pub(crate) fn kind_of(py: Python<'_>, name: &str, obj: &Bound<'_, PyAny>) -> PyR
 /// Reads a float tensor/array argument (`int32 = false`) or an int32 offsets argument.
 pub(crate) fn read<'py>(
     py: Python<'py>,
-    name: &str,
+    name: &dyn Display,
     obj: &Bound<'py, PyAny>,
     int32: bool,
 ) -> PyResult<Arg<'py>> {
@@ -215,17 +164,9 @@ pub(crate) fn read<'py>(
     }
 }
 
-fn expected_dtypes(int32: bool) -> &'static str {
-    if int32 {
-        "torch.int32"
-    } else {
-        "torch.float16, torch.bfloat16, torch.float32 or torch.float64"
-    }
-}
-
 fn read_torch<'py>(
     py: Python<'py>,
-    name: &str,
+    name: &dyn Display,
     obj: &Bound<'py, PyAny>,
     int32: bool,
 ) -> PyResult<Arg<'py>> {
@@ -245,18 +186,18 @@ fn read_torch<'py>(
             Some(d) => Some(d),
             None => {
                 return Err(Error::Dtype(format!(
-                    "{name}: expected dtype {}, found {}",
-                    expected_dtypes(false),
+                    "{name}: expected dtype torch.float16, torch.bfloat16, torch.float32 or \
+                     torch.float64, found {}",
                     dt.str()?
                 ))
                 .into())
             }
         }
     };
-    let dev = if obj.getattr(intern!(py, "is_cuda"))?.extract::<bool>()? {
-        Dev::Cuda(obj.call_method0(intern!(py, "get_device"))?.extract()?)
+    let device = if obj.getattr(intern!(py, "is_cuda"))?.extract::<bool>()? {
+        Device::Cuda(obj.call_method0(intern!(py, "get_device"))?.extract()?)
     } else if obj.getattr(intern!(py, "is_cpu"))?.extract::<bool>()? {
-        Dev::Cpu
+        Device::Cpu
     } else {
         return Err(Error::Device(format!(
             "{name}: tensors on device '{}' are not supported; expected a cpu or cuda tensor",
@@ -264,24 +205,29 @@ fn read_torch<'py>(
         ))
         .into());
     };
-    let shape: Vec<usize> = obj.getattr(intern!(py, "shape"))?.extract()?;
-    let strides: Vec<isize> = obj.call_method0(intern!(py, "stride"))?.extract()?;
-    let ptr: usize = obj.call_method0(intern!(py, "data_ptr"))?.extract()?;
+    let (ptr, layout) = torch_memory(obj)?;
     Ok(Arg {
-        name: name.to_string(),
         obj: obj.clone(),
         kind: Kind::Torch,
         ptr,
-        layout: Layout::new(&shape, &strides),
+        layout,
         dtype,
-        dev,
-        transposed: false,
+        device,
     })
+}
+
+/// Address, shape and strides of a torch tensor.
+pub(crate) fn torch_memory(obj: &Bound<'_, PyAny>) -> PyResult<(usize, Layout)> {
+    let py = obj.py();
+    let shape: Vec<usize> = obj.getattr(intern!(py, "shape"))?.extract()?;
+    let strides: Vec<isize> = obj.call_method0(intern!(py, "stride"))?.extract()?;
+    let ptr: usize = obj.call_method0(intern!(py, "data_ptr"))?.extract()?;
+    Ok((ptr, Layout::new(&shape, &strides)))
 }
 
 fn read_numpy<'py>(
     py: Python<'py>,
-    name: &str,
+    name: &dyn Display,
     obj: &Bound<'py, PyAny>,
     int32: bool,
 ) -> PyResult<Arg<'py>> {
@@ -328,37 +274,11 @@ fn read_numpy<'py>(
     // SAFETY: `as_array_ptr` points at a live PyArrayObject owned by `arr`.
     let ptr = unsafe { (*arr.as_array_ptr()).data } as usize;
     Ok(Arg {
-        name: name.to_string(),
         obj: arr.into_any(),
         kind: Kind::Numpy,
         ptr,
         layout: Layout::new(&shape, &strides),
         dtype,
-        dev: Dev::Cpu,
-        transposed: false,
+        device: Device::Cpu,
     })
-}
-
-/// Reads the values of a 1-D int32 offsets argument on the host (CPU tensors and numpy
-/// only).
-pub(crate) fn host_i32s(arg: &Arg<'_>) -> Vec<i32> {
-    let n = arg.layout.shape[0];
-    let s = arg.layout.strides[0];
-    (0..n)
-        // SAFETY: `arg` is a live 1-D int32 CPU array; index i < n with its stride
-        // addresses one of its elements.
-        .map(|i| unsafe { *((arg.ptr as *const i32).offset(i as isize * s)) })
-        .collect()
-}
-
-/// Checks that `arg` is 1-D (for offs).
-pub(crate) fn need_1d(arg: &Arg<'_>) -> Result<()> {
-    if arg.layout.ndim() != 1 {
-        return Err(Error::Shape(format!(
-            "{}: expected a 1-D tensor of group ends, found shape {}",
-            arg.name,
-            fmt_shape(&arg.layout.shape)
-        )));
-    }
-    Ok(())
 }

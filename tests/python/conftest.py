@@ -1,7 +1,7 @@
 """Shared helpers for the Python tests: the independent float64 reference, problem
 builders, tolerances, hypothesis profiles and the ``cuda`` marker.
 
-The reference is written from DESIGN.md's definition of each form (a per-group loop of
+The reference is written from ARCHITECTURE.md's definition of each form (a per-group loop of
 ``@`` in float64 torch) and never calls groupmm.
 """
 
@@ -62,7 +62,7 @@ def pytest_collection_modifyitems(config, items):
 
 I32 = torch.int32
 F64 = torch.float64
-FORMS = ["2d3d", "2d2d", "3d2d", "3d3d"]  # a.dim() b.dim(); see DESIGN.md's table
+FORMS = ["2d3d", "2d2d", "3d2d", "3d3d"]  # a.dim() b.dim(); see ARCHITECTURE.md's table
 ALL_FORMS = ["list", *FORMS]
 
 #: relative Frobenius error allowed against the float64 reference, per input dtype

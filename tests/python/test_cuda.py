@@ -45,7 +45,7 @@ def ends(counts, device=DEV):
 
 
 def ref_packed(a, b, offs):
-    """float64 reference written from DESIGN.md's table, independent of groupmm."""
+    """float64 reference written from ARCHITECTURE.md's table of forms, independent of groupmm."""
     a, b = a.double(), b.double()
     o = [] if offs is None else offs.tolist()
     if a.dim() == 2 and b.dim() == 3:

@@ -7,7 +7,8 @@
 // it lets one file skip device code that an architecture never runs, and keeps every
 // CUDA call (and its error) in our hands.
 #pragma once
-#include "common.cuh"
+#include "device/gemm_set.h"
+#include "kernels/registry.h"
 
 #include "cutlass/cutlass.h"
 #include "cutlass/epilogue/thread/linear_combination.h"
@@ -20,6 +21,7 @@
 
 #include <mutex>
 #include <string>
+#include <type_traits>
 
 namespace gmm {
 
@@ -162,18 +164,32 @@ struct Family16 {
                         cutlass::arch::OpMultiplyAdd>;
 };
 
-template <class T>
-std::string run_family16(int out_dtype, int combo, bool aligned8, const GemmSet& s,
-                         const RunCtx& ctx, bool out_same) {
-  if (out_same) {
-    using F = Family16<T, T, kSkipAligned16OnSm90>;
-    return aligned8 ? run_combo2x<F::template Aligned>(combo, s, ctx, "CUTLASS 2.x grouped (16-bit, aligned)")
-                    : run_combo2x<F::template Any>(combo, s, ctx, "CUTLASS 2.x grouped (16-bit, any alignment)");
+// The run entry of a 16-bit family: inputs T, outputs TOut, the aligned (multistage,
+// 16-byte vectors) or the any-alignment variant.
+template <class T, class TOut, bool Aligned>
+std::string run16(int combo, const GemmSet& s, const RunCtx& ctx) {
+  constexpr bool same = std::is_same<T, TOut>::value;
+  using F = Family16<T, TOut, same && kSkipAligned16OnSm90>;
+  if constexpr (Aligned) {
+    return run_combo2x<F::template Aligned>(
+        combo, s, ctx,
+        same ? "CUTLASS 2.x grouped (16-bit, aligned)"
+             : "CUTLASS 2.x grouped (16-bit in, fp32 out, aligned)");
+  } else {
+    return run_combo2x<F::template Any>(
+        combo, s, ctx,
+        same ? "CUTLASS 2.x grouped (16-bit, any alignment)"
+             : "CUTLASS 2.x grouped (16-bit in, fp32 out, any alignment)");
   }
-  (void)out_dtype;
-  using F = Family16<T, float, false>;
-  return aligned8 ? run_combo2x<F::template Aligned>(combo, s, ctx, "CUTLASS 2.x grouped (16-bit in, fp32 out, aligned)")
-                  : run_combo2x<F::template Any>(combo, s, ctx, "CUTLASS 2.x grouped (16-bit in, fp32 out, any alignment)");
 }
+
+// The four registry entries of a 16-bit family file: same-dtype and float32 outputs,
+// aligned and any-alignment.
+#define GMM_SM80_16BIT_KERNELS(stem, T, DT)                                              \
+  GMM_KERNEL_LIST(stem, {Engine::kSm80Aligned, DT, DT, "", nullptr, &run16<T, T, true>},  \
+                  {Engine::kSm80Any, DT, DT, "", nullptr, &run16<T, T, false>},           \
+                  {Engine::kSm80Aligned, DT, DType::F32, "", nullptr,                     \
+                   &run16<T, float, true>},                                               \
+                  {Engine::kSm80Any, DT, DType::F32, "", nullptr, &run16<T, float, false>})
 
 }  // namespace gmm

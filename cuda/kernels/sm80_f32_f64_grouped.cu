@@ -1,6 +1,6 @@
 // CUTLASS 2.x grouped GEMM for float32 (full-precision SIMT, or TF32 tensor cores when
 // the caller allows TF32) and float64 (fp64 tensor cores, sm_80+). Any alignment.
-#include "grouped_sm80.cuh"
+#include "kernels/grouped_sm80.cuh"
 
 namespace gmm {
 namespace {
@@ -19,15 +19,23 @@ template <class LA, class LB>
 using F64Tensor = Grouped2x<double, double, double, LA, LB, Tensor, Shape2x<64, 64, 16>,
                             Shape2x<32, 32, 16>, Shape2x<8, 8, 4>, 3, 1, 1, MulAdd>;
 
-}  // namespace
-
-std::string f32_run(bool tf32, int combo, const GemmSet& s, const RunCtx& ctx) {
-  return tf32 ? run_combo2x<F32Tf32>(combo, s, ctx, "CUTLASS 2.x grouped (fp32, TF32 tensor cores)")
-              : run_combo2x<F32Simt>(combo, s, ctx, "CUTLASS 2.x grouped (fp32, SIMT)");
+std::string f32_simt(int combo, const GemmSet& s, const RunCtx& ctx) {
+  return run_combo2x<F32Simt>(combo, s, ctx, "CUTLASS 2.x grouped (fp32, SIMT)");
 }
 
-std::string f64_run(int combo, const GemmSet& s, const RunCtx& ctx) {
+std::string f32_tf32(int combo, const GemmSet& s, const RunCtx& ctx) {
+  return run_combo2x<F32Tf32>(combo, s, ctx, "CUTLASS 2.x grouped (fp32, TF32 tensor cores)");
+}
+
+std::string f64_tensor(int combo, const GemmSet& s, const RunCtx& ctx) {
   return run_combo2x<F64Tensor>(combo, s, ctx, "CUTLASS 2.x grouped (fp64 tensor cores)");
 }
+
+}  // namespace
+
+GMM_KERNEL_LIST(sm80_f32_f64_grouped,
+                {Engine::kF32Simt, DType::F32, DType::F32, "", nullptr, &f32_simt},
+                {Engine::kTf32, DType::F32, DType::F32, "", nullptr, &f32_tf32},
+                {Engine::kF64, DType::F64, DType::F64, "", nullptr, &f64_tensor})
 
 }  // namespace gmm

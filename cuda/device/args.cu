@@ -1,6 +1,6 @@
 // Per-group argument building on the device for the packed forms (the rules of
 // src/shape.rs: clamp_spans / packed_problems), fused with the zero fill, and the zero
-// fill of the list form.
+// fill of the list form. Compiled by nvcc for every listed architecture.
 //
 // Every block of build_packed_args scans offs (a running maximum, so that for any offs
 // the group spans are in bounds, ordered and disjoint). Block 0 writes, per group g, the
@@ -9,42 +9,18 @@
 // empty problem at the same index. Outputs that no GEMM writes (groups with k = 0 and a
 // non-empty output, and the tail past offs[G-1]) are zeroed by all blocks together, in
 // the same launch: no second kernel, and no walk over the groups that need nothing.
-#pragma once
-#include "common.cuh"
-#include "launch.h"
+#include "device/args.h"
+
+#include "device/align.h"
 
 #include <cub/block/block_scan.cuh>
 
+#include <algorithm>
+
 namespace gmm {
-
-// An operand normalised on the host: base pointer, element strides, and which of its
-// last two dims is unit-stride (major) with the other stride as leading dimension.
-struct OpDesc {
-  uintptr_t ptr = 0;
-  int64_t rs = 0, cs = 0, bs = 0;
-  int major = kRowMajor;
-  int64_t ld = 0;
-};
-
-struct PackedDesc {
-  int form = 0;
-  int es_in = 2, es_out = 2;  // element sizes in bytes
-  int64_t groups = 0, m = 0, n = 0, k = 0, extent = 0;
-  OpDesc a, b, c;
-  const int* offs = nullptr;
-  GemmSet primary, fallback;        // groups entries each
-  int primary_on = 0;               // 0: every group goes to the fallback set
-  int* err_flag = nullptr;          // device view of the host-mapped offs error flag
-};
 
 __device__ __forceinline__ int64_t clamp64(int64_t v, int64_t lo, int64_t hi) {
   return v < lo ? lo : (v > hi ? hi : v);
-}
-
-// 16-byte rule of TMA and of the vectorised 2.x kernels: aligned base, leading dimension
-// and contiguous extent.
-__device__ __forceinline__ bool aligned16(uintptr_t p, int64_t ld, int64_t contig, int es) {
-  return (p % 16) == 0 && ((ld * es) % 16) == 0 && ((contig * es) % 16) == 0;
 }
 
 __device__ __forceinline__ void put(const GemmSet& s, int64_t i, int m, int n, int k, uintptr_t a,
@@ -79,19 +55,19 @@ __device__ GroupProblem group_problem(const PackedDesc& d, int64_t g, int64_t s,
   p.pb = d.b.ptr;
   p.pc = d.c.ptr;
   switch (d.form) {
-    case GMM_GROUPED_M:
+    case Form::GroupedM:
       p.M = e - s;
       p.pa += uintptr_t(s * d.a.rs * ei);
       p.pb += uintptr_t(g * d.b.bs * ei);
       p.pc += uintptr_t(s * d.c.rs * eo);
       break;
-    case GMM_GROUPED_K:
+    case Form::GroupedK:
       p.K = e - s;
       p.pa += uintptr_t(s * d.a.cs * ei);
       p.pb += uintptr_t(s * d.b.rs * ei);
       p.pc += uintptr_t(g * d.c.bs * eo);
       break;
-    case GMM_GROUPED_N:
+    case Form::GroupedN:
       p.N = e - s;
       p.pa += uintptr_t(g * d.a.bs * ei);
       p.pb += uintptr_t(s * d.b.cs * ei);
@@ -167,8 +143,6 @@ __device__ void zero_rows(uintptr_t c, int64_t rows, int64_t cols, int64_t ld, i
   }
 }
 
-constexpr int kBuilderThreads = 256;
-
 struct MaxOp {
   __device__ __forceinline__ int64_t operator()(int64_t x, int64_t y) const { return x > y ? x : y; }
 };
@@ -190,7 +164,7 @@ __global__ void __launch_bounds__(kBuilderThreads) build_packed_args(PackedDesc 
   const bool writer = blockIdx.x == 0;
   const int64_t G = d.groups;
   const int64_t ext = d.extent;
-  const bool ragged = d.form != GMM_BATCHED;
+  const bool ragged = d.form != Form::Batched;
   int64_t carry = 0;  // end of the previous chunk's last group (same in every thread)
   for (int64_t base = 0; base < G; base += kBuilderThreads) {
     const int64_t g = base + threadIdx.x;
@@ -230,9 +204,9 @@ __global__ void __launch_bounds__(kBuilderThreads) build_packed_args(PackedDesc 
   }
   // The tail past the last group's end: rows (GroupedM) or columns (GroupedN).
   const int64_t end = ragged && G > 0 ? carry : 0;
-  if (d.form == GMM_GROUPED_M && end < d.m) {
+  if (d.form == Form::GroupedM && end < d.m) {
     zero_rows(d.c.ptr + uintptr_t(end * d.c.rs * d.es_out), d.m - end, d.n, d.c.ld, d.es_out, G);
-  } else if (d.form == GMM_GROUPED_N && end < d.n) {
+  } else if (d.form == Form::GroupedN && end < d.n) {
     zero_rows(d.c.ptr + uintptr_t(end * d.c.cs * d.es_out), d.m, d.n - end, d.c.ld, d.es_out, G);
   }
 }
@@ -244,6 +218,22 @@ __global__ void zero_fill(GemmSet z, int es) {
     zero_rows(reinterpret_cast<uintptr_t>(z.c[i]), z.prob[3 * i], z.prob[3 * i + 1], z.ldc[i], es,
               i);
   }
+}
+
+unsigned zero_blocks(int64_t max_elems, int es, int sm_count) {
+  const int64_t per_block = int64_t(kBuilderThreads) * 4 * (16 / es);
+  const int64_t blocks = max_elems / per_block + (max_elems % per_block != 0);
+  return unsigned(std::max<int64_t>(1, std::min<int64_t>(blocks, int64_t(sm_count) * 2)));
+}
+
+cudaError_t launch_packed_args(const PackedDesc& d, unsigned blocks, cudaStream_t stream) {
+  build_packed_args<<<blocks, kBuilderThreads, 0, stream>>>(d);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_zero_fill(const GemmSet& z, int es, unsigned blocks, cudaStream_t stream) {
+  zero_fill<<<blocks, kBuilderThreads, 0, stream>>>(z, es);
+  return cudaGetLastError();
 }
 
 }  // namespace gmm

@@ -10,7 +10,8 @@
 // of 0), and no problem with k = 0 and m, n > 0 is ever passed (the builders zero those
 // outputs themselves; CUTLASS 4.2 grouped kernels do not handle k = 0).
 #pragma once
-#include "common.cuh"
+#include "device/gemm_set.h"
+#include "kernels/registry.h"
 
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
@@ -27,10 +28,11 @@
 
 namespace gmm {
 
-// Tile configurations, one family per .cu file (they compile in parallel); the choice
-// lives in sm90_pick_config() (dispatch.cu). The group tile scheduler rounds each group's
-// M tiles up to the cluster's M extent, so a 2x1x1 cluster wastes a whole CTA on a group
-// with a single M tile: the small-expert configurations use 1x1x1 clusters.
+// Tile configurations, one family per kernels/sm90_<dtype>_grouped_<config>.cu file (they
+// compile in parallel); the choice lives in cuda/heuristics/sm90.cc. The group tile
+// scheduler rounds each group's M tiles up to the cluster's M extent, so a 2x1x1 cluster
+// wastes a whole CTA on a group with a single M tile: the small-expert configurations use
+// 1x1x1 clusters. A new configuration may define its Cfg in its own file.
 using CoopSched = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
 using CoopEpi = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
 using PingSched = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
@@ -203,24 +205,25 @@ struct Sm90Family {
   }
 };
 
-// Per-configuration entry points, each defined in its own .cu file (sm90_<dtype>_grouped
-// [_<config>].cu) and dispatched by sm90_<dtype>_run / _workspace_bytes.
-#define GMM_SM90_DECLARE(DT, CFG)                                                          \
-  size_t sm90_##DT##_##CFG##_workspace_bytes(int combo, int64_t count, int sm_count);     \
-  std::string sm90_##DT##_##CFG##_run(int combo, const GemmSet& s, const RunCtx& ctx);
-GMM_SM90_DECLARE(bf16, 128x128)
-GMM_SM90_DECLARE(bf16, ping64x128)
-GMM_SM90_DECLARE(f16, 128x128)
-GMM_SM90_DECLARE(f16, ping64x128)
-#undef GMM_SM90_DECLARE
-
-// Defines the two entry points of one (dtype, configuration) family.
-#define GMM_SM90_DEFINE(DT, CFG, T, CfgT, LABEL)                                           \
-  size_t sm90_##DT##_##CFG##_workspace_bytes(int combo, int64_t count, int sm_count) {    \
-    return Sm90Family<T, CfgT>::workspace_bytes(combo, count, sm_count);                  \
-  }                                                                                        \
-  std::string sm90_##DT##_##CFG##_run(int combo, const GemmSet& s, const RunCtx& ctx) {   \
-    return Sm90Family<T, CfgT>::run(combo, s, ctx, LABEL);                                 \
+// The registry entry of one (dtype, configuration) family.
+template <class T, class Cfg>
+struct Sm90Entry {
+  static const char* label;
+  static size_t workspace_bytes(int combo, int64_t count, int sm_count) {
+    return Sm90Family<T, Cfg>::workspace_bytes(combo, count, sm_count);
   }
+  static std::string run(int combo, const GemmSet& s, const RunCtx& ctx) {
+    return Sm90Family<T, Cfg>::run(combo, s, ctx, label);
+  }
+};
+
+// Defines the KernelList of kernels/<stem>.cu (stem = sm90_<dtype>_grouped_<config>):
+// element type T (DType DT in and out), tile configuration Cfg named CONFIG, LABEL for
+// messages.
+#define GMM_SM90_KERNEL(stem, T, DT, CONFIG, Cfg, LABEL)                                \
+  template <>                                                                           \
+  const char* Sm90Entry<T, Cfg>::label = LABEL;                                         \
+  GMM_KERNEL_LIST(stem, {Engine::kSm90Tma, DT, DT, CONFIG,                              \
+                         &Sm90Entry<T, Cfg>::workspace_bytes, &Sm90Entry<T, Cfg>::run})
 
 }  // namespace gmm

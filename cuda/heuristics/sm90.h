@@ -1,0 +1,25 @@
+// Which sm_90a tile configuration runs a call: the choice of kernel for Hopper, apart from
+// the launchers (it reads only host-known values: no device reads, no sync).
+#pragma once
+#include "device/types.h"
+
+#include <cstdint>
+
+namespace gmm {
+
+// What the choice reads. Packed forms: the form, G and the plan's m, n, k (GroupedM
+// m = T total rows, GroupedK k = T total reduction, GroupedN n = total columns). The list
+// form (`list`): m = average rows of the non-empty groups, n and k their maxima.
+struct Sm90Shape {
+  bool list = false;
+  Form form = Form::GroupedM;
+  int64_t groups = 0, m = 0, n = 0, k = 0;
+  int sm_count = 0;
+};
+
+// The name of the configuration to run, the <config> of a kernel file
+// kernels/sm90_<dtype>_grouped_<config>.cu. GROUPMM_SM90_CONFIG=<config> forces one
+// (read once per process; "auto" or unset: the rule below).
+const char* sm90_pick_config(const Sm90Shape& s);
+
+}  // namespace gmm

@@ -1,0 +1,201 @@
+// The packed forms: plan once from the request (kernel choice, alignment routing,
+// workspace size), then launch the argument builder and the kernels on the caller's
+// stream. No host sync, no device reads, no allocation: capturable. Host only.
+#include "host/api.h"
+
+#include "device/align.h"
+#include "groupmm/src/exec/ffi.rs.h"
+#include "heuristics/sm90.h"
+
+#include <algorithm>
+#include <climits>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+namespace gmm {
+namespace {
+
+void check_dim(const char* what, int64_t v) {
+  if (v < 0 || v > INT32_MAX) {
+    throw std::runtime_error(std::string(what) + " = " + std::to_string(v) +
+                             " is out of range [0, 2^31) of the kernels' problem sizes");
+  }
+}
+
+std::string context(const PackedRequest& r) {
+  return std::string("groupmm CUDA (") + form_name(r.form) + ", dtype " + dtype_name(r.dtype) +
+         ", out " + dtype_name(r.out_dtype) + ", " + std::to_string(r.groups) +
+         " groups, device " + std::to_string(r.device) + "): ";
+}
+
+PackedPlan plan_packed(const PackedRequest& r, const DevInfo& dev) {
+  PackedPlan pl;
+  pl.dev = dev;
+  pl.device = r.device;
+  pl.stream = reinterpret_cast<cudaStream_t>(r.stream);
+  check_dim("groups", r.groups);
+  check_dim("m", r.m);
+  check_dim("n", r.n);
+  check_dim("k", r.k);
+  const int64_t G = r.groups, m = r.m, n = r.n, k = r.k;
+  PackedDesc& d = pl.d;
+  d.form = r.form;
+  d.es_in = elem_size(r.dtype);
+  d.es_out = elem_size(r.out_dtype);
+  d.groups = G;
+  d.m = m;
+  d.n = n;
+  d.k = k;
+  d.a = op_desc(r.a);
+  d.b = op_desc(r.b);
+  d.c = op_desc(r.c);
+  d.extent = r.form == Form::GroupedM ? m : r.form == Form::GroupedK ? k
+             : r.form == Form::GroupedN ? n : 0;
+  if (d.c.major != kRowMajor) throw std::runtime_error("out must be row-major");
+  d.offs = reinterpret_cast<const int*>(r.offs);
+  if (r.form != Form::Batched && d.offs == nullptr && G > 0) {
+    throw std::runtime_error("offs: null device pointer");
+  }
+  pl.combo = combo_of(d.a.major, d.b.major);
+  Engines en = engines(r.dtype, r.out_dtype, r.allow_tf32, dev);
+  const char* config = "";
+  if (en.has_primary && en.primary == Engine::kSm90Tma) {
+    Sm90Shape s;
+    s.form = r.form;
+    s.groups = G;
+    s.m = m;
+    s.n = n;
+    s.k = k;
+    s.sm_count = dev.sm_count;
+    config = sm90_pick_config(s);
+  }
+  pl.k = kernels(en, r.dtype, r.out_dtype, config);
+  d.primary_on = pl.k.primary != nullptr;
+
+  // Can the host prove every group 16-byte aligned (device/align.h)? The bases, leading
+  // dims and batch strides must be, every stride that offs multiplies, and the contiguous
+  // extents (a group-dependent one is not provable).
+  if (d.primary_on) {
+    const bool gm = r.form == Form::GroupedM, gk = r.form == Form::GroupedK,
+               gn = r.form == Form::GroupedN;
+    // Operand o of `rows` x `cols` whose rows (columns) are grouped when rows_grouped
+    // (cols_grouped): its contiguous extent, or -1 when it varies by group.
+    auto provable = [](const OpDesc& o, int64_t rows, int64_t cols, int es, bool rows_grouped,
+                       bool cols_grouped) {
+      const bool row_major = o.major == kRowMajor;
+      if (row_major ? cols_grouped : rows_grouped) return false;  // contiguous extent varies
+      const int64_t contig = row_major ? cols : rows;
+      const int64_t grouped_stride = rows_grouped ? o.rs : cols_grouped ? o.cs : 0;
+      return aligned16(o.ptr, o.ld, contig, es) && is16(o.bs * es) &&
+             is16(grouped_stride * es);
+    };
+    const bool proven = provable(d.a, m, k, d.es_in, gm, gk) &&
+                        provable(d.b, k, n, d.es_in, gk, gn) &&
+                        provable(d.c, m, n, d.es_out, gm, gn);
+    pl.need_fallback = !proven;
+  }
+  const size_t set = round_up(set_bytes(G), 256);
+  pl.args_bytes = 2 * set;
+  pl.cutlass_bytes = kernel_workspace(pl.k.primary, pl.combo, G, dev.sm_count);
+  // The most the builder may zero: every group's output when k = 0 or for GroupedK
+  // (empty groups), else the tail; nothing for a batched product with k > 0.
+  int64_t max_zero = m * n;  // < 2^62
+  if (r.form == Form::GroupedK || (r.form == Form::Batched && k == 0)) {
+    max_zero = G > 0 && max_zero > INT64_MAX / G ? INT64_MAX : max_zero * G;
+  }
+  if (r.form == Form::Batched && k != 0) max_zero = 0;
+  pl.max_zero = max_zero;
+  return pl;
+}
+
+void launch(const PackedPlan& pl, uint64_t workspace, size_t workspace_bytes) {
+  const size_t need = pl.workspace_bytes();
+  if (workspace_bytes < need || (need > 0 && workspace == 0)) {
+    throw std::runtime_error("workspace too small: " + std::to_string(workspace_bytes) +
+                             " bytes given, " + std::to_string(need) + " needed");
+  }
+  if (workspace % 256 != 0) throw std::runtime_error("workspace must be 256-byte aligned");
+  const int64_t G = pl.d.groups;
+  PackedDesc d = pl.d;
+  const size_t set = round_up(set_bytes(G), 256);
+  d.primary = set_at(uintptr_t(workspace), G);
+  d.fallback = set_at(uintptr_t(workspace) + set, G);
+  if (d.form != Form::Batched) d.err_flag = offs_flag(pl.device);
+
+  // Arguments and zero fill in one launch (device/args.cu).
+  cudaError_t e =
+      launch_packed_args(d, zero_blocks(pl.max_zero, d.es_out, pl.dev.sm_count), pl.stream);
+  if (e != cudaSuccess) throw std::runtime_error(cuda_fail("argument-builder kernel launch", e));
+
+  RunCtx ctx;
+  ctx.stream = pl.stream;
+  ctx.device = pl.device;
+  ctx.sm_count = pl.dev.sm_count;
+  ctx.workspace = reinterpret_cast<void*>(workspace + pl.args_bytes);
+  ctx.workspace_bytes = workspace_bytes - pl.args_bytes;
+  if (pl.k.primary != nullptr) run_kernel(pl.k.primary, pl.combo, d.primary, ctx);
+  if (pl.need_fallback || pl.k.primary == nullptr) {
+    run_kernel(pl.k.fallback, pl.combo, d.fallback, ctx);
+  }
+}
+
+}  // namespace
+
+OpDesc op_desc(const Operand& o) {
+  OpDesc d;
+  d.ptr = uintptr_t(o.ptr);
+  d.major = o.col_major ? kColMajor : kRowMajor;
+  d.ld = o.ld;
+  d.rs = o.col_major ? 1 : o.ld;
+  d.cs = o.col_major ? o.ld : 1;
+  d.bs = o.batch_stride;
+  return d;
+}
+
+PackedSubmit submit_packed(const PackedRequest& r, uint64_t workspace, size_t workspace_bytes) {
+  PackedSubmit out{};
+  try {
+    if (take_offs_flag(r.device)) {
+      out.status = Submitted::OffsPending;
+      return out;
+    }
+    PackedPlan pl = plan_packed(r, enter(r.device));
+    const size_t need = pl.workspace_bytes();
+    const bool capturing = need > 0 && stream_capturing(pl.stream);
+    if (!capturing && workspace_bytes >= need && (need == 0 || workspace != 0)) {
+      launch(pl, workspace, workspace_bytes);
+      out.status = Submitted::Launched;
+      return out;
+    }
+    out.status = Submitted::NeedWorkspace;
+    out.workspace_bytes = need;
+    out.capturing = capturing;
+    out.plan = std::make_unique<PackedPlan>(std::move(pl));
+    return out;
+  } catch (const std::exception& e) {
+    throw std::runtime_error(context(r) + e.what());
+  }
+}
+
+void launch_planned(const PackedPlan& plan, uint64_t workspace, size_t workspace_bytes) {
+  try {
+    enter(plan.device);
+    launch(plan, workspace, workspace_bytes);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(std::string("groupmm CUDA (") + form_name(plan.d.form) + ", " +
+                             std::to_string(plan.d.groups) + " groups, device " +
+                             std::to_string(plan.device) + "): " + e.what());
+  }
+}
+
+bool take_offs_error(int32_t device) {
+  try {
+    return take_offs_flag(device);
+  } catch (const std::exception& e) {
+    throw std::runtime_error("groupmm CUDA (take_offs_error, device " + std::to_string(device) +
+                             "): " + e.what());
+  }
+}
+
+}  // namespace gmm

@@ -1,0 +1,63 @@
+// The kernel registry: every kernels/<stem>.cu file defines a list of KernelEntry with
+// GMM_KERNEL_LIST(<stem>, ...), and build.rs lists the files it compiled (one
+// GMM_KERNEL_FILE(<stem>) line each, generated into groupmm_kernel_files.inc), so that
+// adding a kernel family is adding one file (plus, for an sm90 tile configuration, one
+// line in cuda/heuristics/sm90.cc that picks it). See ARCHITECTURE.md.
+#pragma once
+#include "device/gemm_set.h"
+#include "device/types.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace gmm {
+
+// The kinds of grouped GEMM kernel the host routes groups to.
+enum class Engine : int {
+  kSm90Tma,      // CUTLASS 3.x ptr-array TMA grouped GEMM, sm_90a; 16-byte-aligned groups
+  kSm80Aligned,  // CUTLASS 2.x grouped, multistage, 16-byte vectors; 16-byte-aligned groups
+  kSm80Any,      // CUTLASS 2.x grouped, 2-stage, alignment 1: any group
+  kF32Simt,      // CUTLASS 2.x grouped, float32 SIMT (full fp32)
+  kTf32,         // CUTLASS 2.x grouped, float32 on TF32 tensor cores
+  kF64,          // CUTLASS 2.x grouped, float64 tensor cores
+};
+
+// One kernel family: runs the problems of a GemmSet for each of the four A/B layout
+// combinations (combo_of).
+struct KernelEntry {
+  Engine engine;
+  DType in, out;
+  // kSm90Tma: the tile configuration's name, the <config> of its file
+  // kernels/sm90_<dtype>_grouped_<config>.cu; "" for the other engines.
+  const char* config;
+  // Workspace the kernel needs for `count` problems (host only, never syncs); nullptr
+  // when it needs none.
+  size_t (*workspace_bytes)(int combo, int64_t count, int sm_count);
+  // Runs the problems of `s` on ctx.stream: "" on success, else a message that names the
+  // kernel and the failed call.
+  std::string (*run)(int combo, const GemmSet& s, const RunCtx& ctx);
+};
+
+// The entries of one kernels/<stem>.cu file.
+struct KernelList {
+  const KernelEntry* entries;
+  int count;
+};
+
+// Defines the KernelList of the kernels/<stem>.cu file being compiled (inside namespace
+// gmm); `stem` must be the file's name without .cu.
+#define GMM_KERNEL_LIST(stem, ...)                                    \
+  static const ::gmm::KernelEntry stem##_entries[] = {__VA_ARGS__};   \
+  extern const ::gmm::KernelList kernels_##stem;                      \
+  const ::gmm::KernelList kernels_##stem = {                          \
+      stem##_entries, int(sizeof(stem##_entries) / sizeof(stem##_entries[0]))};
+
+// The kernel of `engine` for inputs `in` and outputs `out` (and, for kSm90Tma, tile
+// configuration `config`) in this build, or nullptr (cuda/host/registry.cc).
+const KernelEntry* find_kernel(Engine engine, DType in, DType out, const char* config = "");
+
+// True when this build holds an sm90 kernel of configuration `config` for any dtype.
+bool has_sm90_config(const char* config);
+
+}  // namespace gmm

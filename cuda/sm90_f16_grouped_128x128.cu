@@ -1,7 +1,0 @@
-// sm_90a ptr-array grouped GEMM, fp16 in and out, 4 A/B layouts: 128x128x64 cooperative, cluster 1x1x1.
-// Compiled only for sm_90a (build.rs); dispatched from sm90_f16_grouped.cu.
-#include "grouped_sm90.cuh"
-
-namespace gmm {
-GMM_SM90_DEFINE(f16, 128x128, cutlass::half_t, Sm90Cfg128x128, "CUTLASS 3.x sm90 grouped (fp16, 128x128x64 cooperative, cluster 1x1x1)")
-}  // namespace gmm

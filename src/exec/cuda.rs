@@ -1,0 +1,474 @@
+//! The engine's CUDA side: operands normalised once, in Rust, into the bridge's
+//! [`Operand`](ffi::Operand); one call into C++ per packed launch in the steady state.
+//!
+//! A packed product makes at most two calls across the seam: [`ffi::submit_packed`]
+//! reads the deferred offs flag, plans once and launches at once when the workspace the
+//! face keeps for the stream is large enough and the stream is not capturing; otherwise
+//! it hands the plan back and [`ffi::launch_planned`] launches it with the workspace the
+//! face then provides. A list product plans once ([`ffi::plan_list`]), writes its
+//! per-group argument block into host memory the face uploads, and launches.
+//!
+//! Nothing here waits for the GPU. A build without CUDA keeps this module; every launch
+//! fails with a message that says how to rebuild.
+
+#![cfg_attr(not(feature = "python"), allow(dead_code))]
+
+use super::ffi;
+use super::{Device, Memory, Offs, Tensor};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::shape::{Form, PackedPlan};
+
+/// True when this build holds the CUDA kernels.
+pub fn compiled() -> bool {
+    cfg!(groupmm_cuda)
+}
+
+const NOT_COMPILED: &str = "groupmm was built without CUDA support, so it cannot run on cuda \
+     tensors. Rebuild it with nvcc on PATH (or CUDA_HOME set) and the CUTLASS headers \
+     available (pip install nvidia-cutlass==4.2.0.0, or CUTLASS_DIR=...): GROUPMM_CUDA=1 \
+     pip install . ; groupmm.build_info() tells what a build holds";
+
+/// Fails unless this build holds the CUDA kernels.
+pub(super) fn check_compiled() -> Result<()> {
+    if compiled() {
+        Ok(())
+    } else {
+        Err(Error::Cuda(NOT_COMPILED.into()))
+    }
+}
+
+/// What the CUDA part of this build holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CudaBuildInfo {
+    /// `GROUPMM_CUDA_ARCHS` entries compiled, e.g. `["80", "90a"]`.
+    pub archs: Vec<String>,
+    /// CUDA toolkit release the runtime (linked statically) comes from, e.g. `"13.0"`.
+    pub cuda_runtime: String,
+    /// CUTLASS version of the headers the kernels were compiled with, e.g. `"4.2.0"`.
+    pub cutlass: String,
+}
+
+/// What the CUDA part of this build holds; `None` when built without CUDA.
+pub fn build_info() -> Option<CudaBuildInfo> {
+    #[cfg(groupmm_cuda)]
+    {
+        Some(CudaBuildInfo {
+            archs: env!("GROUPMM_CUDA_ARCHS")
+                .split(';')
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect(),
+            cuda_runtime: env!("GROUPMM_CUDA_RUNTIME").to_string(),
+            cutlass: env!("GROUPMM_CUTLASS_VERSION").to_string(),
+        })
+    }
+    #[cfg(not(groupmm_cuda))]
+    None
+}
+
+/// Reads and clears the "invalid offs seen" flag of `device` (no sync): true when a
+/// packed launch there met negative, decreasing or out-of-range offsets since the last
+/// call. Only work that has completed is reflected.
+pub fn take_offs_error(device: i32) -> Result<bool> {
+    check_compiled()?;
+    #[cfg(groupmm_cuda)]
+    {
+        ffi::take_offs_error(device).map_err(seam)
+    }
+    #[cfg(not(groupmm_cuda))]
+    {
+        let _ = device;
+        unreachable!("checked above")
+    }
+}
+
+#[cfg(groupmm_cuda)]
+fn seam(e: cxx::Exception) -> Error {
+    Error::Cuda(e.what().to_string())
+}
+
+fn ffi_dtype(d: DType) -> ffi::DType {
+    match d {
+        DType::F16 => ffi::DType::F16,
+        DType::BF16 => ffi::DType::BF16,
+        DType::F32 => ffi::DType::F32,
+        DType::F64 => ffi::DType::F64,
+    }
+}
+
+fn ffi_form(f: Form) -> ffi::Form {
+    match f {
+        Form::GroupedM => ffi::Form::GroupedM,
+        Form::GroupedK => ffi::Form::GroupedK,
+        Form::GroupedN => ffi::Form::GroupedN,
+        Form::Batched => ffi::Form::Batched,
+    }
+}
+
+/// A leading dimension that never addresses anything (its dimension has extent <= 1):
+/// at least the contiguous extent, rounded so that it never spoils the alignment.
+fn unused_ld(extent: i64) -> i64 {
+    (extent.max(1) + 7) / 8 * 8
+}
+
+/// How the kernels read `t` in place, or `None` when they cannot and it must be copied:
+/// its last two dimensions need a unit stride in one of them and a leading stride of at
+/// least the other extent (strides of extent-1 dimensions do not matter), and several
+/// groups need a positive batch stride (not an expanded batch). Negative strides fail
+/// these rules. An operand without elements is always readable.
+pub(super) fn operand(t: &Tensor) -> Option<ffi::Operand> {
+    let l = &t.layout;
+    let nd = l.ndim();
+    let (rows, cols) = (l.shape[nd - 2] as i64, l.shape[nd - 1] as i64);
+    let (rs, cs) = (l.strides[nd - 2] as i64, l.strides[nd - 1] as i64);
+    let (batch, bs) = if nd == 3 {
+        (l.shape[0] as i64, l.strides[0] as i64)
+    } else {
+        (1, 0)
+    };
+    let op = |batch_stride: i64, ld: i64, col_major: bool| ffi::Operand {
+        ptr: t.ptr as u64,
+        batch,
+        rows,
+        cols,
+        batch_stride,
+        ld,
+        col_major,
+    };
+    if batch == 0 || rows == 0 || cols == 0 {
+        return Some(op(0, unused_ld(cols), false));
+    }
+    let bs = match batch {
+        1 => 0,
+        _ if bs > 0 => bs,
+        _ => return None, // expanded (0) or negative batch stride
+    };
+    if (cs == 1 || cols == 1) && (rows == 1 || rs >= cols) {
+        let ld = if rows == 1 { unused_ld(cols) } else { rs };
+        return Some(op(bs, ld, false));
+    }
+    if (rs == 1 || rows == 1) && (cols == 1 || cs >= rows) {
+        let ld = if cols == 1 { unused_ld(rows) } else { cs };
+        return Some(op(bs, ld, true));
+    }
+    None
+}
+
+/// `t`, or a contiguous copy of it (made by the face) when no kernel can read it.
+pub(super) fn readable<M: Memory>(mem: &mut M, t: &Tensor) -> Result<Tensor> {
+    if operand(t).is_some() {
+        return Ok(t.clone());
+    }
+    let (ptr, layout) = mem.contiguous(t.id)?;
+    let copy = Tensor {
+        ptr,
+        layout,
+        transposed: false,
+        ..t.clone()
+    };
+    Ok(if t.transposed {
+        crate::shape::Transposable::transposed(&copy)
+    } else {
+        copy
+    })
+}
+
+/// `offs`, or a contiguous copy when its stride is not 1.
+pub(super) fn readable_offs<M: Memory>(mem: &mut M, o: &Offs) -> Result<Offs> {
+    if o.layout.shape.first().map_or(true, |&n| n <= 1) || o.layout.strides[0] == 1 {
+        return Ok(o.clone());
+    }
+    let (ptr, layout) = mem.contiguous(o.id)?;
+    Ok(Offs {
+        ptr,
+        layout,
+        ..o.clone()
+    })
+}
+
+fn device_index(t: &Tensor) -> i32 {
+    match t.device {
+        Device::Cuda(i) => i,
+        Device::Cpu => unreachable!("a CUDA launch with a CPU operand"),
+    }
+}
+
+/// The bridge operand of an input that went through [`readable`], or of a target.
+fn kernel_operand(t: &Tensor) -> Result<ffi::Operand> {
+    operand(t).ok_or_else(|| {
+        Error::Cuda(format!(
+            "internal: operand {:?} is not readable by the kernels",
+            t.layout
+        ))
+    })
+}
+
+/// The stream and TF32 flag of a launch on `device` with inputs of `dtype`.
+fn stream_and_tf32<M: Memory>(mem: &mut M, device: i32, dtype: DType) -> Result<(u64, bool)> {
+    let stream = mem.stream(device)?;
+    let tf32 = dtype == DType::F32 && mem.allow_tf32()?;
+    Ok((stream, tf32))
+}
+
+/// The request of a packed product whose inputs went through [`readable`] and whose
+/// target `c` is contiguous row-major.
+fn packed_request(
+    plan: &PackedPlan,
+    a: &Tensor,
+    b: &Tensor,
+    offs: Option<&Offs>,
+    c: &Tensor,
+    (stream, allow_tf32): (u64, bool),
+) -> Result<ffi::PackedRequest> {
+    Ok(ffi::PackedRequest {
+        form: ffi_form(plan.form),
+        dtype: ffi_dtype(a.dtype),
+        out_dtype: ffi_dtype(c.dtype),
+        device: device_index(a),
+        allow_tf32,
+        groups: plan.groups as i64,
+        m: plan.m as i64,
+        n: plan.n as i64,
+        k: plan.k as i64,
+        a: kernel_operand(a)?,
+        b: kernel_operand(b)?,
+        c: kernel_operand(c)?,
+        offs: offs.map_or(0, |o| o.ptr as u64),
+        stream,
+    })
+}
+
+/// Runs a validated packed product on CUDA into the contiguous target `c`.
+///
+/// # Safety
+/// The descriptions are of live memory on the device for the whole call.
+pub(super) unsafe fn packed<M: Memory>(
+    mem: &mut M,
+    plan: &PackedPlan,
+    a: &Tensor,
+    b: &Tensor,
+    offs: Option<&Offs>,
+    c: &Tensor,
+) -> Result<()> {
+    check_compiled()?;
+    let device = device_index(a);
+    let st = stream_and_tf32(mem, device, a.dtype)?;
+    let req = packed_request(plan, a, b, offs, c, st)?;
+    #[cfg(groupmm_cuda)]
+    {
+        let (ws, ws_bytes) = mem.cached_workspace(device, st.0);
+        // SAFETY: the operands are live device memory (contract), `ws` holds `ws_bytes`
+        // bytes kept alive by the face for the call.
+        let r = unsafe { ffi::submit_packed(&req, ws, ws_bytes) }.map_err(seam)?;
+        match r.status {
+            ffi::Submitted::Launched => Ok(()),
+            ffi::Submitted::OffsPending => {
+                Err(crate::shape::offs_error_pending(Device::Cuda(device)))
+            }
+            _ => {
+                let bytes = r.workspace_bytes;
+                let ws = mem.workspace(device, st.0, bytes, r.capturing)?;
+                let plan = r
+                    .plan
+                    .as_ref()
+                    .ok_or_else(|| Error::Cuda("internal: no plan to launch".into()))?;
+                // SAFETY: as above, with a workspace of `bytes` bytes.
+                unsafe { ffi::launch_planned(plan, ws, bytes) }.map_err(seam)
+            }
+        }
+    }
+    #[cfg(not(groupmm_cuda))]
+    {
+        let _ = req;
+        unreachable!("checked above")
+    }
+}
+
+/// Runs a validated list product on CUDA: group `i` reads `a[i]`, `b[i]` (through
+/// [`readable`]) and writes the contiguous target `c[i]`.
+///
+/// # Safety
+/// As [`packed`].
+pub(super) unsafe fn list<M: Memory>(
+    mem: &mut M,
+    a: &[Tensor],
+    b: &[Tensor],
+    c: &[&Tensor],
+) -> Result<()> {
+    check_compiled()?;
+    let Some(first) = a.first() else {
+        return Ok(());
+    };
+    let device = device_index(first);
+    let (stream, allow_tf32) = stream_and_tf32(mem, device, first.dtype)?;
+    let req = ffi::ListRequest {
+        dtype: ffi_dtype(first.dtype),
+        out_dtype: ffi_dtype(c[0].dtype),
+        device,
+        allow_tf32,
+        stream,
+    };
+    let groups: Vec<ffi::ListGroup> = a
+        .iter()
+        .zip(b)
+        .zip(c)
+        .map(|((a, b), c)| {
+            Ok(ffi::ListGroup {
+                a: kernel_operand(a)?,
+                b: kernel_operand(b)?,
+                c: kernel_operand(c)?,
+            })
+        })
+        .collect::<Result<_>>()?;
+    #[cfg(groupmm_cuda)]
+    {
+        let p = ffi::plan_list(&req, &groups).map_err(seam)?;
+        if p.offs_pending {
+            return Err(crate::shape::offs_error_pending(Device::Cuda(device)));
+        }
+        let plan = p
+            .plan
+            .as_ref()
+            .ok_or_else(|| Error::Cuda("internal: no list plan".into()))?;
+        let args = mem.upload(device, p.args_bytes.max(1), &mut |host| {
+            ffi::write_list_args(plan, &mut host[..p.args_bytes]).map_err(seam)
+        })?;
+        let ws = match p.workspace_bytes {
+            0 => 0,
+            n => mem.device_bytes(device, n)?,
+        };
+        // SAFETY: the operands are live device memory (contract); the argument block
+        // and the workspace are device memory the face keeps alive for the call.
+        unsafe { ffi::launch_list(plan, args, ws, p.workspace_bytes) }.map_err(seam)
+    }
+    #[cfg(not(groupmm_cuda))]
+    {
+        let _ = (req, groups);
+        unreachable!("checked above")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use crate::shape::Layout;
+
+    fn t(shape: &[usize], strides: &[isize]) -> Tensor {
+        Tensor {
+            ptr: 4096,
+            dtype: DType::BF16,
+            layout: Layout::new(shape, strides),
+            device: Device::Cuda(0),
+            id: 0,
+            transposed: false,
+        }
+    }
+
+    fn ld_major(shape: &[usize], strides: &[isize]) -> Option<(i64, bool, i64)> {
+        operand(&t(shape, strides)).map(|o| (o.ld, o.col_major, o.batch_stride))
+    }
+
+    #[test]
+    fn normalisation() {
+        // row- and column-major, padded leading dimensions
+        assert_eq!(ld_major(&[4, 6], &[6, 1]), Some((6, false, 0)));
+        assert_eq!(ld_major(&[4, 6], &[8, 1]), Some((8, false, 0)));
+        assert_eq!(ld_major(&[4, 6], &[1, 4]), Some((4, true, 0)));
+        assert_eq!(ld_major(&[4, 6], &[1, 5]), Some((5, true, 0)));
+        // a transposed 3-D view reads column-major with its batch stride
+        assert_eq!(ld_major(&[3, 4, 6], &[24, 1, 4]), Some((4, true, 24)));
+        // extent-1 dimensions: their strides do not matter, ld is rounded up
+        assert_eq!(ld_major(&[1, 5], &[7, 1]), Some((8, false, 0)));
+        assert_eq!(ld_major(&[1, 5], &[99, 3]), Some((3, true, 0)));
+        assert_eq!(ld_major(&[5, 1], &[1, 99]), Some((1, false, 0)));
+        assert_eq!(ld_major(&[1, 1], &[0, 0]), Some((8, false, 0)));
+        // a batch of one ignores its batch stride
+        assert_eq!(ld_major(&[1, 4, 6], &[-5, 6, 1]), Some((6, false, 0)));
+        // no elements: always readable, row-major
+        assert_eq!(ld_major(&[0, 6], &[-3, 7]), Some((8, false, 0)));
+        assert_eq!(ld_major(&[3, 0, 6], &[0, 6, 1]), Some((8, false, 0)));
+        // copies: no unit stride, overlapping rows, negative strides, expanded batch
+        assert_eq!(ld_major(&[4, 6], &[12, 2]), None);
+        assert_eq!(ld_major(&[4, 6], &[3, 1]), None);
+        assert_eq!(ld_major(&[4, 6], &[-6, 1]), None);
+        assert_eq!(ld_major(&[4, 6], &[6, -1]), None);
+        assert_eq!(ld_major(&[3, 4, 6], &[0, 6, 1]), None);
+        assert_eq!(ld_major(&[3, 4, 6], &[-24, 6, 1]), None);
+    }
+
+    #[test]
+    fn readability_is_invariant_under_transposition() {
+        for (shape, strides) in [
+            (vec![4usize, 6], vec![6isize, 1]),
+            (vec![4, 6], vec![12, 2]),
+            (vec![1, 5], vec![7, 1]),
+            (vec![3, 4, 6], vec![0, 6, 1]),
+            (vec![3, 4, 6], vec![24, 1, 4]),
+        ] {
+            let x = t(&shape, &strides);
+            let xt = crate::shape::Transposable::transposed(&x);
+            assert_eq!(
+                operand(&x).is_some(),
+                operand(&xt).is_some(),
+                "{shape:?} {strides:?}"
+            );
+            if let (Some(o), Some(ot)) = (operand(&x), operand(&xt)) {
+                if o.rows > 1 && o.cols > 1 {
+                    assert_eq!((o.ld, o.col_major), (ot.ld, !ot.col_major));
+                }
+            }
+        }
+    }
+
+    /// The request of dB = xᵀ·dy (the backward of x [T, K] · w [G, K, N]): a GroupedK
+    /// product whose `a` is the transposed view of row-major `x`, read column-major in
+    /// place.
+    #[test]
+    fn backward_request_reads_transposed_views_in_place() {
+        let (t_, k, n, g) = (64usize, 32usize, 48usize, 4usize);
+        let x = t(&[t_, k], &[k as isize, 1]);
+        let dy = t(&[t_, n], &[n as isize, 1]);
+        let xt = crate::shape::Transposable::transposed(&x);
+        let plan = crate::shape::plan_packed(&xt.layout, &dy.layout, Some(g)).unwrap();
+        let c = t(&plan.out_shape, &[(k * n) as isize, n as isize, 1]);
+        let offs = Offs {
+            ptr: 8192,
+            layout: Layout::new(&[g], &[1]),
+            device: Device::Cuda(0),
+            id: 1,
+        };
+        let r = packed_request(&plan, &xt, &dy, Some(&offs), &c, (77, false)).unwrap();
+        assert_eq!(r.form, ffi::Form::GroupedK);
+        assert_eq!((r.groups, r.m, r.n, r.k), (4, 32, 48, 64));
+        assert_eq!(
+            (r.a.rows, r.a.cols, r.a.ld, r.a.col_major),
+            (32, 64, 32, true)
+        );
+        assert_eq!((r.b.ld, r.b.col_major), (48, false));
+        assert_eq!((r.c.batch, r.c.batch_stride, r.c.ld), (4, 32 * 48, 48));
+        assert_eq!((r.offs, r.stream, r.device), (8192, 77, 0));
+    }
+
+    #[test]
+    fn build_info_matches_compiled() {
+        assert_eq!(build_info().is_some(), compiled());
+        if let Some(info) = build_info() {
+            assert!(!info.archs.is_empty());
+            assert!(!info.cuda_runtime.is_empty());
+            assert!(info.cutlass.chars().next().unwrap().is_ascii_digit());
+        }
+    }
+
+    /// Without a GPU (or without CUDA in the build) a CUDA call comes back as an error,
+    /// never a crash.
+    #[test]
+    fn no_gpu_is_an_error() {
+        match take_offs_error(0) {
+            Err(Error::Cuda(msg)) => assert!(!msg.is_empty()),
+            Ok(_) => {} // a machine with a GPU
+            other => panic!("expected Error::Cuda, got {other:?}"),
+        }
+    }
+}

@@ -1,0 +1,206 @@
+//! The seam between Rust and the CUDA C++ of `cuda/`: one `cxx` bridge.
+//!
+//! The shared structs below are the only definition of what crosses it: Rust fills them
+//! (`super::cuda`), and the C++ launchers of `cuda/host/` take them as they are. The two
+//! enums are defined in C++ (`cuda/device/types.h`, which the kernels include too); cxx
+//! checks at compile time that the variants here match.
+//!
+//! Operands arrive normalised: Rust has already decided row- or column-major, the
+//! leading dimension, and copied whatever no kernel can read in place (negative strides,
+//! an expanded batch, no unit stride). C++ decides only what Rust cannot know: the
+//! device's capability and so the kernels, the 16-byte alignment routing, the workspace
+//! size, and the launch. Every C++ failure comes back once, as `Err(cxx::Exception)`
+//! whose message names the failed call.
+//!
+//! The functions are compiled only with CUDA (`cfg(groupmm_cuda)`); the structs always,
+//! so the normalisation in Rust is built and tested everywhere.
+
+#[cxx::bridge(namespace = "gmm")]
+pub(crate) mod bridge {
+    /// Element types; C++: `gmm::DType` in cuda/device/types.h.
+    #[repr(u8)]
+    #[derive(Debug)]
+    enum DType {
+        F16 = 0,
+        BF16 = 1,
+        F32 = 2,
+        F64 = 3,
+    }
+
+    /// The packed forms of `crate::shape::Form`; C++: `gmm::Form` in cuda/device/types.h.
+    #[repr(u8)]
+    #[derive(Debug)]
+    enum Form {
+        GroupedM = 0,
+        GroupedK = 1,
+        GroupedN = 2,
+        Batched = 3,
+    }
+
+    /// A normalised 2- or 3-D device operand (strides in elements). Element `(g, r, c)`
+    /// is at `ptr + g * batch_stride + r * ld + c` (row-major) or
+    /// `ptr + g * batch_stride + r + c * ld` (`col_major`). 2-D operands have `batch` 1
+    /// and `batch_stride` 0; an operand without elements is row-major.
+    #[derive(Clone, Copy, Debug)]
+    struct Operand {
+        /// Device address of element `(0, 0, 0)`.
+        ptr: u64,
+        /// Extent of the batch (group) dimension; 1 for 2-D operands.
+        batch: i64,
+        /// Extent of the second-to-last dimension.
+        rows: i64,
+        /// Extent of the last dimension.
+        cols: i64,
+        /// Distance between batches (>= 1 when `batch` > 1 and the operand has elements).
+        batch_stride: i64,
+        /// Leading dimension: the stride of the non-unit-stride dimension, rounded up to
+        /// a multiple of 8 when that dimension has extent <= 1 (never used, never
+        /// spoils the alignment).
+        ld: i64,
+        /// Unit stride along the rows (the columns are `ld` apart).
+        col_major: bool,
+    }
+
+    /// One packed product (forms in `crate::shape`). `m`, `n`, `k`, `groups` are the
+    /// plan's (`crate::shape::PackedPlan`): GroupedM m = T, GroupedK k = T, GroupedN
+    /// n = N_total. The output `c` is row-major and need not be initialised.
+    #[derive(Clone, Copy, Debug)]
+    struct PackedRequest {
+        form: Form,
+        dtype: DType,
+        out_dtype: DType,
+        /// CUDA device index of every operand.
+        device: i32,
+        /// float32 only: TF32 tensor cores allowed.
+        allow_tf32: bool,
+        groups: i64,
+        m: i64,
+        n: i64,
+        k: i64,
+        a: Operand,
+        b: Operand,
+        c: Operand,
+        /// Device address of the contiguous int32 `offs[groups]`; 0 for Batched.
+        offs: u64,
+        /// The `cudaStream_t` to run on.
+        stream: u64,
+    }
+
+    /// One list product; its groups travel as a slice of [`ListGroup`].
+    #[derive(Clone, Copy, Debug)]
+    struct ListRequest {
+        dtype: DType,
+        out_dtype: DType,
+        device: i32,
+        allow_tf32: bool,
+        stream: u64,
+    }
+
+    /// Group `i` of a list product: `c = a · b` with `a` `[m, k]`, `b` `[k, n]` and
+    /// `c` `[m, n]` row-major (extents in the operands).
+    #[derive(Clone, Copy, Debug)]
+    struct ListGroup {
+        a: Operand,
+        b: Operand,
+        c: Operand,
+    }
+
+    /// What [`submit_packed`] did.
+    #[cfg(groupmm_cuda)]
+    #[repr(u8)]
+    #[derive(Debug)]
+    enum Submitted {
+        /// The product is enqueued on the stream.
+        Launched = 0,
+        /// Nothing was enqueued: the workspace given was too small, or the stream is
+        /// capturing a graph (`capturing`). Launch `plan` with `workspace_bytes`.
+        NeedWorkspace = 1,
+        /// Nothing was enqueued: an earlier call on the device met invalid `offs`.
+        OffsPending = 2,
+    }
+
+    /// The answer of [`submit_packed`].
+    #[cfg(groupmm_cuda)]
+    struct PackedSubmit {
+        status: Submitted,
+        /// NeedWorkspace: the bytes the launch needs (256-byte aligned memory).
+        workspace_bytes: usize,
+        /// NeedWorkspace: the stream is capturing a CUDA graph, so the workspace must
+        /// be fresh memory of the graph, not a block that outlives it.
+        capturing: bool,
+        /// NeedWorkspace: the plan, for [`launch_planned`]; null otherwise.
+        plan: UniquePtr<PackedPlan>,
+    }
+
+    /// The answer of [`plan_list`].
+    #[cfg(groupmm_cuda)]
+    struct ListPlanned {
+        /// Nothing was planned: an earlier call on the device met invalid `offs`.
+        offs_pending: bool,
+        /// Size of the per-group argument block ([`write_list_args`]).
+        args_bytes: usize,
+        /// Workspace bytes [`launch_list`] needs.
+        workspace_bytes: usize,
+        /// The plan; null when `offs_pending`.
+        plan: UniquePtr<ListPlan>,
+    }
+
+    #[cfg(groupmm_cuda)]
+    unsafe extern "C++" {
+        include!("host/bridge.h");
+
+        type DType;
+        type Form;
+        /// A planned packed launch (cuda/host/plan.h).
+        type PackedPlan;
+        /// A planned list launch (cuda/host/plan.h).
+        type ListPlan;
+
+        /// Reads and clears the device's deferred offs flag, plans the launch once and,
+        /// when the stream is not capturing and `workspace` (256-byte aligned device
+        /// memory, or 0) holds enough bytes, launches at once. Never syncs.
+        ///
+        /// # Safety
+        /// The operands describe live device memory of the request's device, used on
+        /// `r.stream`; `workspace` holds `workspace_bytes` bytes there.
+        unsafe fn submit_packed(
+            r: &PackedRequest,
+            workspace: u64,
+            workspace_bytes: usize,
+        ) -> Result<PackedSubmit>;
+
+        /// Launches a plan that [`submit_packed`] kept, without planning again.
+        ///
+        /// # Safety
+        /// As for `submit_packed`, for the request the plan was made from.
+        unsafe fn launch_planned(
+            plan: &PackedPlan,
+            workspace: u64,
+            workspace_bytes: usize,
+        ) -> Result<()>;
+
+        /// Reads and clears the deferred offs flag and plans a list launch (host only).
+        fn plan_list(r: &ListRequest, groups: &[ListGroup]) -> Result<ListPlanned>;
+
+        /// Writes the plan's per-group argument block into `host` (host only).
+        fn write_list_args(plan: &ListPlan, host: &mut [u8]) -> Result<()>;
+
+        /// Launches a planned list product; `device_args` holds the block that
+        /// [`write_list_args`] wrote, copied there on the request's stream.
+        ///
+        /// # Safety
+        /// As for `submit_packed`; `device_args` (256-byte aligned) and `workspace`
+        /// live on the device until the work completes.
+        unsafe fn launch_list(
+            plan: &ListPlan,
+            device_args: u64,
+            workspace: u64,
+            workspace_bytes: usize,
+        ) -> Result<()>;
+
+        /// Reads and clears the device's deferred offs flag (no sync).
+        fn take_offs_error(device: i32) -> Result<bool>;
+    }
+}
+
+pub(crate) use bridge::*;

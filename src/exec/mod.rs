@@ -1,0 +1,677 @@
+//! The engine: the one pipeline behind every face.
+//!
+//! request → validate (the rules of [`crate::shape`]) → plan → dispatch (the CPU kernels
+//! of [`crate::cpu`], or the CUDA launchers of `cuda/` through [`cuda`]) → backward
+//! composition (`dA = dC·Bᵀ`, `dB = Aᵀ·dC` on transposed descriptions, no copies), for
+//! the packed and the list forms, written once. See ARCHITECTURE.md.
+//!
+//! The engine never sees a Python object or an ndarray type. A face ([`crate::api`] on
+//! ndarray, `crate::python` on torch tensors and numpy arrays) describes each array as a
+//! [`Tensor`] (address, dtype, [`Layout`], [`Device`]) and lends memory through
+//! [`Memory`]: fresh outputs, CUDA workspaces and argument blocks, contiguous copies of
+//! operands no kernel can read in place, the current CUDA stream, and a way to run the
+//! CPU kernels (e.g. with the GIL released).
+//!
+//! Every check happens before anything is allocated or written: on error the caller's
+//! buffers are untouched.
+
+// The ndarray face runs on the CPU only: without the Python face, or in a build without
+// CUDA, the CUDA half of the engine (devices, workspaces, the launchers) has no caller.
+#![cfg_attr(any(not(feature = "python"), not(groupmm_cuda)), allow(dead_code))]
+
+pub(crate) mod cuda;
+pub(crate) mod ffi;
+
+use crate::cpu;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::shape::{self, GroupDims, Item, Layout, PackedPlan, Transposable};
+use half::{bf16, f16};
+use std::fmt;
+
+/// Runs `$body` with `$TI`, `$TO` bound to the element types of the runtime dtypes
+/// `$ti`, `$to` (every pair: the ndarray face chooses its output type freely).
+macro_rules! with_types {
+    ($ti:expr, $to:expr, |$TI:ident, $TO:ident| $body:block) => {
+        with_types!(@in $ti, $to, $TI, $TO, $body,
+            [F16 f16] [BF16 bf16] [F32 f32] [F64 f64])
+    };
+    (@in $ti:expr, $to:expr, $TI:ident, $TO:ident, $body:block, $([$v:ident $t:ty])*) => {
+        match $ti {
+            $(DType::$v => {
+                #[allow(dead_code)]
+                type $TI = $t;
+                with_types!(@out $to, $TO, $body, [F16 f16] [BF16 bf16] [F32 f32] [F64 f64])
+            })*
+        }
+    };
+    (@out $to:expr, $TO:ident, $body:block, $([$v:ident $t:ty])*) => {
+        match $to {
+            $(DType::$v => {
+                #[allow(dead_code)]
+                type $TO = $t;
+                $body
+            })*
+        }
+    };
+}
+
+/// Where an operand lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Device {
+    /// Host memory.
+    Cpu,
+    /// Memory of the CUDA device with this index.
+    Cuda(i32),
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Device::Cpu => write!(f, "cpu"),
+            Device::Cuda(i) => write!(f, "cuda:{i}"),
+        }
+    }
+}
+
+/// A float operand as the engine sees it.
+#[derive(Debug, Clone)]
+pub struct Tensor {
+    /// Address of element `[0, 0, ...]` (a device address on CUDA).
+    pub ptr: usize,
+    /// Element type.
+    pub dtype: DType,
+    /// Shape and strides in elements.
+    pub layout: Layout,
+    /// Where the memory is.
+    pub device: Device,
+    /// The face's handle for the object behind this description, handed back in
+    /// [`Memory::contiguous`].
+    pub id: usize,
+    /// True when `layout` is the object's own layout with the last two dims swapped.
+    pub transposed: bool,
+}
+
+impl AsRef<Layout> for Tensor {
+    fn as_ref(&self) -> &Layout {
+        &self.layout
+    }
+}
+
+impl Transposable for Tensor {
+    fn transposed(&self) -> Self {
+        Tensor {
+            layout: self.layout.transposed(),
+            transposed: !self.transposed,
+            ..self.clone()
+        }
+    }
+}
+
+impl Tensor {
+    /// Half-open byte range the elements occupy (empty for empty tensors).
+    pub fn byte_range(&self) -> (usize, usize) {
+        if self.layout.numel() == 0 {
+            return (self.ptr, self.ptr);
+        }
+        let es = self.dtype.size() as isize;
+        let (lo, hi) = self.layout.offset_range();
+        (
+            (self.ptr as isize + lo * es) as usize,
+            (self.ptr as isize + (hi + 1) * es) as usize,
+        )
+    }
+
+    fn like(&self) -> (Option<DType>, Device) {
+        (Some(self.dtype), self.device)
+    }
+
+    fn reference(&self) -> (DType, Device) {
+        (self.dtype, self.device)
+    }
+}
+
+/// The int32 `offs` operand (cumulative group ends).
+#[derive(Debug, Clone)]
+pub struct Offs {
+    /// Address of `offs[0]`.
+    pub ptr: usize,
+    /// Its layout (1-D when valid; checked by the engine).
+    pub layout: Layout,
+    /// Where the memory is.
+    pub device: Device,
+    /// The face's handle, as for [`Tensor::id`].
+    pub id: usize,
+}
+
+/// An output: the face's own object and its description.
+pub type Output<O> = (O, Tensor);
+
+/// The gradients of a backward call, `(dA, dB)`, each `None` unless asked for.
+pub type Grads<O> = (Option<O>, Option<O>);
+
+/// The memory a face lends the engine. Only [`Memory::alloc`] is needed on the CPU; the
+/// other methods serve CUDA calls and fail by default.
+pub trait Memory {
+    /// The face's output object (a torch tensor, a numpy array, an ndarray array).
+    type Out;
+
+    /// A fresh row-major contiguous output (contents need not be initialised).
+    fn alloc(&mut self, shape: &[usize], dtype: DType, device: Device)
+        -> Result<Output<Self::Out>>;
+
+    /// Runs CPU kernels (the torch face releases the GIL here).
+    fn run_cpu(&mut self, job: &mut (dyn FnMut() + Send)) {
+        job()
+    }
+
+    /// A contiguous copy of the face's object `id` (CUDA only): its address and layout,
+    /// in the object's own orientation. It must stay alive until the call returns.
+    fn contiguous(&mut self, _id: usize) -> Result<(usize, Layout)> {
+        Err(no_cuda_memory())
+    }
+
+    /// Copies `src` into `dst` on the device, stream-ordered (CUDA outputs that the
+    /// kernels cannot write in place).
+    fn copy_into(&mut self, _dst: &Self::Out, _src: &Self::Out) -> Result<()> {
+        Err(no_cuda_memory())
+    }
+
+    /// The current CUDA stream (`cudaStream_t`) of `device`.
+    fn stream(&mut self, _device: i32) -> Result<u64> {
+        Err(no_cuda_memory())
+    }
+
+    /// Whether float32 products may use TF32 tensor cores.
+    fn allow_tf32(&mut self) -> Result<bool> {
+        Ok(false)
+    }
+
+    /// The workspace kept for (`device`, `stream`): `(address, bytes)`, `(0, 0)` if none.
+    /// It must stay alive until the call returns.
+    fn cached_workspace(&mut self, _device: i32, _stream: u64) -> (u64, usize) {
+        (0, 0)
+    }
+
+    /// A workspace of at least `bytes` (256-byte aligned) for a launch on `stream`;
+    /// under graph capture (`capturing`) fresh memory of the graph, never a kept block.
+    fn workspace(
+        &mut self,
+        _device: i32,
+        _stream: u64,
+        _bytes: usize,
+        _capturing: bool,
+    ) -> Result<u64> {
+        Err(no_cuda_memory())
+    }
+
+    /// Fresh device memory of `bytes` (256-byte aligned), stream-ordered.
+    fn device_bytes(&mut self, _device: i32, _bytes: usize) -> Result<u64> {
+        Err(no_cuda_memory())
+    }
+
+    /// Device memory of `bytes` holding what `fill` writes into a host buffer of that
+    /// size, copied on the current stream (no sync).
+    fn upload(
+        &mut self,
+        _device: i32,
+        _bytes: usize,
+        _fill: &mut dyn FnMut(&mut [u8]) -> Result<()>,
+    ) -> Result<u64> {
+        Err(no_cuda_memory())
+    }
+}
+
+fn no_cuda_memory() -> Error {
+    Error::Cuda("internal: this face lends no CUDA memory".into())
+}
+
+// ---------------------------------------------------------------------------------
+// Packed forms
+// ---------------------------------------------------------------------------------
+
+/// The checks of a packed product: dtypes and devices agree, shapes make a form.
+fn validate_packed(a: &Tensor, b: &Tensor, offs: Option<&Offs>) -> Result<PackedPlan> {
+    shape::check_like("b", b.like(), "a", a.reference())?;
+    let offs_len = match offs {
+        Some(o) => {
+            shape::check_like("offs", (None, o.device), "a", a.reference())?;
+            Some(shape::offs_len(&o.layout)?)
+        }
+        None => None,
+    };
+    shape::plan_packed(&a.layout, &b.layout, offs_len)
+}
+
+/// `offs` values on the host (CPU calls), checked; CUDA calls never read them.
+///
+/// # Safety
+/// `offs` describes live host memory when its device is the CPU.
+unsafe fn host_offs(offs: Option<&Offs>, plan: &PackedPlan) -> Result<Option<Vec<i32>>> {
+    let Some(o) = offs.filter(|o| o.device == Device::Cpu) else {
+        return Ok(None);
+    };
+    let (n, s) = (o.layout.shape[0], o.layout.strides[0]);
+    let vals: Vec<i32> = (0..n)
+        // SAFETY: a live 1-D int32 host array of n elements with stride s (contract).
+        .map(|i| unsafe { *((o.ptr as *const i32).offset(i as isize * s)) })
+        .collect();
+    shape::check_offs(&vals, plan)?;
+    Ok(Some(vals))
+}
+
+/// Checks a user-supplied output against the call: device, dtype, shape, no
+/// self-overlap, no memory shared with an input (`inputs`: names and descriptions).
+fn check_out<'t, N: fmt::Display>(
+    name: impl fmt::Display + Copy,
+    out: &Tensor,
+    shape: &[usize],
+    dtype: DType,
+    like: (&str, &Tensor),
+    inputs: impl IntoIterator<Item = (N, &'t Tensor)>,
+) -> Result<()> {
+    shape::check_like(name, (None, out.device), like.0, like.1.reference())?;
+    shape::check_out_dtype(name, out.dtype, dtype)?;
+    shape::check_out(name, &out.layout, shape)?;
+    let range = out.byte_range();
+    for (input, t) in inputs {
+        shape::check_disjoint(
+            name,
+            range,
+            format_args!("the input {input}"),
+            t.byte_range(),
+        )?;
+    }
+    Ok(())
+}
+
+/// Grouped product of a packed form into `out` (allocated when `None`); returns the
+/// output object.
+///
+/// # Safety
+/// Every description is of live memory on its device for the whole call (inputs
+/// readable, `out` writable), as [`Memory`] promises for what it lends.
+pub unsafe fn packed<M: Memory>(
+    mem: &mut M,
+    a: &Tensor,
+    b: &Tensor,
+    offs: Option<&Offs>,
+    out_dtype: Option<DType>,
+    out: Option<Output<M::Out>>,
+) -> Result<M::Out> {
+    let dtype = out_dtype.unwrap_or(a.dtype);
+    let plan = validate_packed(a, b, offs)?;
+    if let Some((_, o)) = &out {
+        check_out(
+            "out",
+            o,
+            &plan.out_shape,
+            dtype,
+            ("a", a),
+            [("a", a), ("b", b)],
+        )?;
+    }
+    // SAFETY: forwarded contract.
+    let offs_vals = unsafe { host_offs(offs, &plan)? };
+    let ops = Operands::prepare(mem, &[a, b], offs)?;
+    let (a, b) = (&ops.t[0], &ops.t[1]);
+    into_target(mem, out, &plan.out_shape, dtype, a.device, |mem, c| {
+        // SAFETY: forwarded contract; `c` is a fresh output or the checked `out`.
+        unsafe { run_packed(mem, &plan, a, b, ops.offs.as_ref(), offs_vals.as_deref(), c) }
+    })
+}
+
+/// Both backward products of a packed form: `dA = grad·bᵀ`, `dB = aᵀ·grad` (same
+/// `offs`), each only when asked for, with dtype `out_dtype` (default: `a`'s).
+///
+/// # Safety
+/// As [`packed`].
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn packed_backward<M: Memory>(
+    mem: &mut M,
+    grad: &Tensor,
+    a: &Tensor,
+    b: &Tensor,
+    offs: Option<&Offs>,
+    need_a: bool,
+    need_b: bool,
+    out_dtype: Option<DType>,
+) -> Result<Grads<M::Out>> {
+    shape::check_like("grad", grad.like(), "a", a.reference())?;
+    let fwd = validate_packed(a, b, offs)?;
+    shape::check_grad("grad", &grad.layout, &fwd.out_shape)?;
+    // SAFETY: forwarded contract.
+    let offs_vals = unsafe { host_offs(offs, &fwd)? };
+    if !(need_a || need_b) {
+        return Ok((None, None));
+    }
+    let dtype = out_dtype.unwrap_or(a.dtype);
+    // Kernel-readable inputs, copied (CUDA) at most once for both products.
+    let ops = Operands::prepare(mem, &[grad, a, b], offs)?;
+    let [(ga, gb), (ha, hb)] = shape::backward_layouts(&ops.t[0], &ops.t[1], &ops.t[2]);
+    let offs_len = offs.map(|o| o.layout.shape[0]);
+    let product = |mem: &mut M, x: &Tensor, y: &Tensor| -> Result<M::Out> {
+        let plan = shape::plan_packed(&x.layout, &y.layout, offs_len)?;
+        into_target(mem, None, &plan.out_shape, dtype, x.device, |mem, c| {
+            // SAFETY: forwarded contract; `c` is a fresh output.
+            unsafe { run_packed(mem, &plan, x, y, ops.offs.as_ref(), offs_vals.as_deref(), c) }
+        })
+    };
+    let da = if need_a {
+        Some(product(mem, &ga, &gb)?)
+    } else {
+        None
+    };
+    let db = if need_b {
+        Some(product(mem, &ha, &hb)?)
+    } else {
+        None
+    };
+    Ok((da, db))
+}
+
+/// Runs a validated packed product into the target `c` (shape `plan.out_shape`).
+///
+/// # Safety
+/// As [`packed`]; `offs_vals` passed [`shape::check_offs`] (CPU).
+unsafe fn run_packed<M: Memory>(
+    mem: &mut M,
+    plan: &PackedPlan,
+    a: &Tensor,
+    b: &Tensor,
+    offs: Option<&Offs>,
+    offs_vals: Option<&[i32]>,
+    c: &Tensor,
+) -> Result<()> {
+    match a.device {
+        Device::Cuda(_) => {
+            // SAFETY: forwarded contract.
+            unsafe { cuda::packed(mem, plan, a, b, offs, c) }
+        }
+        Device::Cpu => {
+            let problems = shape::packed_problems(plan, &a.layout, &b.layout, &c.layout, offs_vals);
+            let (pa, pb, pc) = (a.ptr, b.ptr, c.ptr);
+            with_types!(a.dtype, c.dtype, |TI, TO| {
+                mem.run_cpu(&mut || {
+                    // SAFETY: problems from packed_problems on the layouts of the live
+                    // arrays behind the pointers (offs checked), `c` non-overlapping and
+                    // disjoint from the inputs (fresh, or checked by check_out).
+                    unsafe {
+                        cpu::run_packed::<TI, TO>(
+                            &problems,
+                            pa as *const TI,
+                            pb as *const TI,
+                            pc as *mut TO,
+                        )
+                    }
+                });
+            });
+            Ok(())
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// List form
+// ---------------------------------------------------------------------------------
+
+/// The checks of a list product: shapes fit group by group, every operand has the
+/// dtype and device of `As[0]`.
+fn validate_list(a: &[Tensor], b: &[Tensor]) -> Result<Vec<GroupDims>> {
+    let dims = shape::plan_list(a, b)?;
+    if let Some(first) = a.first() {
+        for (i, x) in a.iter().enumerate().skip(1) {
+            shape::check_like(Item("As", i), x.like(), "As[0]", first.reference())?;
+        }
+        for (i, x) in b.iter().enumerate() {
+            shape::check_like(Item("Bs", i), x.like(), "As[0]", first.reference())?;
+        }
+    }
+    Ok(dims)
+}
+
+/// List product `out[i] = a[i] · b[i]` into `outs` (allocated when `None`).
+///
+/// # Safety
+/// As [`packed`].
+pub unsafe fn list<M: Memory>(
+    mem: &mut M,
+    a: &[Tensor],
+    b: &[Tensor],
+    out_dtype: Option<DType>,
+    outs: Option<Vec<Output<M::Out>>>,
+) -> Result<Vec<M::Out>> {
+    let dims = validate_list(a, b)?;
+    let Some(first) = a.first() else {
+        let outs = outs.unwrap_or_default();
+        shape::check_len("out", 0, outs.len(), "outputs (one per group)")?;
+        return Ok(Vec::new());
+    };
+    let dtype = out_dtype.unwrap_or(first.dtype);
+    if let Some(o) = &outs {
+        shape::check_len("out", dims.len(), o.len(), "outputs (one per group)")?;
+        for (i, ((_, oi), d)) in o.iter().zip(&dims).enumerate() {
+            let inputs = (a.iter().enumerate().map(|(j, x)| (Item("As", j), x)))
+                .chain(b.iter().enumerate().map(|(j, x)| (Item("Bs", j), x)));
+            check_out(
+                Item("out", i),
+                oi,
+                &[d.m, d.n],
+                dtype,
+                ("As[0]", first),
+                inputs,
+            )?;
+            let range = oi.byte_range();
+            for (j, (_, oj)) in o[..i].iter().enumerate() {
+                shape::check_disjoint(Item("out", i), range, Item("out", j), oj.byte_range())?;
+            }
+        }
+    }
+    let refs: Vec<&Tensor> = a.iter().chain(b).collect();
+    let ops = Operands::prepare(mem, &refs, None)?;
+    let (a, b) = ops.t.split_at(a.len());
+    // SAFETY: forwarded contract.
+    unsafe { run_list_into(mem, &dims, a, b, dtype, first.device, outs) }
+}
+
+/// Backward of the list product: `dA[i] = grads[i]·b[i]ᵀ`, `dB[i] = a[i]ᵀ·grads[i]`,
+/// each list only when asked for.
+///
+/// # Safety
+/// As [`packed`].
+pub unsafe fn list_backward<M: Memory>(
+    mem: &mut M,
+    grads: &[Tensor],
+    a: &[Tensor],
+    b: &[Tensor],
+    need_a: bool,
+    need_b: bool,
+    out_dtype: Option<DType>,
+) -> Result<Grads<Vec<M::Out>>> {
+    let dims = validate_list(a, b)?;
+    shape::check_len(
+        "grads",
+        dims.len(),
+        grads.len(),
+        "gradients (one per output)",
+    )?;
+    let Some(first) = a.first() else {
+        return Ok((need_a.then(Vec::new), need_b.then(Vec::new)));
+    };
+    for (i, (g, d)) in grads.iter().zip(&dims).enumerate() {
+        shape::check_like(Item("grads", i), g.like(), "As[0]", first.reference())?;
+        shape::check_grad(Item("grads", i), &g.layout, &[d.m, d.n])?;
+    }
+    if !(need_a || need_b) {
+        return Ok((None, None));
+    }
+    let dtype = out_dtype.unwrap_or(first.dtype);
+    let g_len = grads.len();
+    let refs: Vec<&Tensor> = grads.iter().chain(a).chain(b).collect();
+    let ops = Operands::prepare(mem, &refs, None)?;
+    let (grads, rest) = ops.t.split_at(g_len);
+    let (a, b) = rest.split_at(g_len);
+    let mut products: [(Vec<Tensor>, Vec<Tensor>); 2] = Default::default();
+    for ((g, x), y) in grads.iter().zip(a).zip(b) {
+        let [(ga, gb), (ha, hb)] = shape::backward_layouts(g, x, y);
+        products[0].0.push(ga);
+        products[0].1.push(gb);
+        products[1].0.push(ha);
+        products[1].1.push(hb);
+    }
+    let device = first.device;
+    let product = |mem: &mut M, (x, y): &(Vec<Tensor>, Vec<Tensor>)| -> Result<Vec<M::Out>> {
+        let dims = shape::plan_list(x, y)?;
+        // SAFETY: forwarded contract.
+        unsafe { run_list_into(mem, &dims, x, y, dtype, device, None) }
+    };
+    let da = if need_a {
+        Some(product(mem, &products[0])?)
+    } else {
+        None
+    };
+    let db = if need_b {
+        Some(product(mem, &products[1])?)
+    } else {
+        None
+    };
+    Ok((da, db))
+}
+
+/// Runs a validated list product into `outs` (checked) or fresh outputs.
+///
+/// # Safety
+/// As [`packed`].
+unsafe fn run_list_into<M: Memory>(
+    mem: &mut M,
+    dims: &[GroupDims],
+    a: &[Tensor],
+    b: &[Tensor],
+    dtype: DType,
+    device: Device,
+    outs: Option<Vec<Output<M::Out>>>,
+) -> Result<Vec<M::Out>> {
+    let outs: Vec<Output<M::Out>> = match outs {
+        Some(o) => o,
+        None => dims
+            .iter()
+            .map(|d| mem.alloc(&[d.m, d.n], dtype, device))
+            .collect::<Result<_>>()?,
+    };
+    // Targets the kernels write: the outputs themselves, except (CUDA) outputs that are
+    // not contiguous, which get a fresh target and a copy afterwards.
+    let mut temps: Vec<Option<Output<M::Out>>> = Vec::with_capacity(outs.len());
+    for ((_, o), d) in outs.iter().zip(dims) {
+        temps.push(if writes_in_place(o) {
+            None
+        } else {
+            Some(mem.alloc(&[d.m, d.n], dtype, device)?)
+        });
+    }
+    let targets: Vec<&Tensor> = outs
+        .iter()
+        .zip(&temps)
+        .map(|((_, o), t)| t.as_ref().map_or(o, |(_, t)| t))
+        .collect();
+    match device {
+        Device::Cuda(_) => {
+            // SAFETY: forwarded contract.
+            unsafe { cuda::list(mem, a, b, &targets)? }
+        }
+        Device::Cpu => {
+            let problems = shape::list_problems(dims, a, b, &targets);
+            let pa: Vec<usize> = a.iter().map(|x| x.ptr).collect();
+            let pb: Vec<usize> = b.iter().map(|x| x.ptr).collect();
+            let pc: Vec<usize> = targets.iter().map(|x| x.ptr).collect();
+            let ti = a.first().map_or(dtype, |x| x.dtype);
+            with_types!(ti, dtype, |TI, TO| {
+                mem.run_cpu(&mut || {
+                    let pa: Vec<*const TI> = pa.iter().map(|&p| p as *const TI).collect();
+                    let pb: Vec<*const TI> = pb.iter().map(|&p| p as *const TI).collect();
+                    let pc: Vec<*mut TO> = pc.iter().map(|&p| p as *mut TO).collect();
+                    // SAFETY: problems from list_problems on the layouts of the live
+                    // arrays behind the pointers; outputs fresh, or checked
+                    // non-overlapping with each other and with the inputs.
+                    unsafe { cpu::run_list::<TI, TO>(&problems, &pa, &pb, &pc) }
+                });
+            });
+        }
+    }
+    outs.into_iter()
+        .zip(temps)
+        .map(|((o, _), t)| {
+            if let Some((t, _)) = t {
+                mem.copy_into(&o, &t)?;
+            }
+            Ok(o)
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------
+// Shared by both forms
+// ---------------------------------------------------------------------------------
+
+/// True when the kernels write `out` as it is: any layout on the CPU, contiguous
+/// row-major on CUDA.
+fn writes_in_place(out: &Tensor) -> bool {
+    out.device == Device::Cpu || out.layout.is_contiguous()
+}
+
+/// Runs `run` on the output target: `out` itself when the kernels can write it in
+/// place, else a fresh output copied into `out` afterwards; a fresh output when `out`
+/// is `None`.
+fn into_target<M: Memory>(
+    mem: &mut M,
+    out: Option<Output<M::Out>>,
+    shape: &[usize],
+    dtype: DType,
+    device: Device,
+    run: impl FnOnce(&mut M, &Tensor) -> Result<()>,
+) -> Result<M::Out> {
+    match out {
+        Some((o, t)) if writes_in_place(&t) => {
+            run(mem, &t)?;
+            Ok(o)
+        }
+        Some((o, _)) => {
+            let (tmp, t) = mem.alloc(shape, dtype, device)?;
+            run(mem, &t)?;
+            mem.copy_into(&o, &tmp)?;
+            Ok(o)
+        }
+        None => {
+            let (o, t) = mem.alloc(shape, dtype, device)?;
+            run(mem, &t)?;
+            Ok(o)
+        }
+    }
+}
+
+/// The inputs of a call as the kernels will read them: on the CPU the descriptions as
+/// given; on CUDA a contiguous copy (through the face) of each operand no kernel can
+/// read in place, made once per call even when an operand feeds two products.
+struct Operands {
+    t: Vec<Tensor>,
+    offs: Option<Offs>,
+}
+
+impl Operands {
+    fn prepare<M: Memory>(mem: &mut M, t: &[&Tensor], offs: Option<&Offs>) -> Result<Self> {
+        match t.first().map(|x| x.device) {
+            Some(Device::Cuda(_)) => {
+                cuda::check_compiled()?;
+                Ok(Operands {
+                    t: t.iter()
+                        .map(|x| cuda::readable(mem, x))
+                        .collect::<Result<_>>()?,
+                    offs: offs.map(|o| cuda::readable_offs(mem, o)).transpose()?,
+                })
+            }
+            _ => Ok(Operands {
+                t: t.iter().map(|&x| x.clone()).collect(),
+                offs: offs.cloned(),
+            }),
+        }
+    }
+}
