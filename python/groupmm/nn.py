@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .ops import grouped_mm
+from ._api import grouped_mm
 
 __all__ = ["ACTIVATIONS", "GroupedExperts"]
 
