@@ -70,7 +70,7 @@ def grouped_mm(
         A tensor (packed forms) or a list of tensors (list form); outputs carry
         ``grad_fn`` when an input requires grad.
     """
-    if _numpy.check_form(a, offs, bias):
+    if (bias is not None or isinstance(a, (list, tuple))) and _numpy.check_form(a, offs, bias):
         return _grouped_mm_list(a, b, out_dtype, out)
     if not (isinstance(a, Tensor) and isinstance(b, Tensor)):
         return _numpy.packed(a, b, offs, out_dtype, out)
@@ -88,7 +88,7 @@ def grouped_mm(
         a = _dense("a", a)
     if b.layout is not _STRIDED or b.is_neg():
         b = _dense("b", b)
-    if offs is not None and isinstance(offs, Tensor):
+    if isinstance(offs, Tensor) and (offs.layout is not _STRIDED or offs.is_neg()):
         offs = _dense("offs", offs)
     if out is not None:
         # like torch.mm(out=): autocast does not apply to out= calls
