@@ -1,67 +1,173 @@
-"""Host (CPU) cost per call of groupmm's pieces on a tiny packed problem, next to torch's.
+"""Host cost per call of groupmm on a small packed problem, next to F.grouped_mm.
 
-    python3 benches/host_cost.py [--calls 3000]
+    python3 benches/host_cost.py [--device cpu|cuda] [--dtype bf16|f16|f32]
+                                 [--shape E,K,N,T] [--calls 2000] [--repeats 7] [--stub]
 
-Each figure is wall time per call over many calls issued without a sync (the GPU work
-is tiny, so the host is the bottleneck): where groupmm's host time goes.
+Prints microseconds per call for ``groupmm.grouped_mm`` and
+``torch.nn.functional.grouped_mm`` side by side, with their ratio: the forward without
+grad, the forward on inputs that require grad, and forward+backward through autograd
+(``.backward(gy)``); then a breakdown of where groupmm's time goes (the Rust entry points
+alone, allocations, torch.mm, and what the Python layer adds on top of the Rust calls).
+
+Each figure is the median over ``--repeats`` runs of ``--calls`` calls issued back to
+back (CUDA: no sync between calls, one at the end of a run; the GPU work is tiny, so the
+host is the bottleneck). On the CPU the kernels run on the calling thread, so their time
+is inside every figure; ``--shape 8,8,8,16`` makes it negligible.
+
+``--stub`` replaces the Rust entry points that groupmm's Python layer calls with
+stand-ins that only allocate the outputs, and compares groupmm against the floor of any
+Python autograd shim: a ``torch.autograd.Function`` that saves its inputs and allocates
+the same outputs. What is left is the Python layer's own cost (device-independent).
 """
 
 import argparse
+import statistics
+import sys
 import time
 
 import groupmm
 import torch
 from groupmm import _native
 
+DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 
-def per_call(fn, n):
-    for _ in range(100):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / n * 1e6
+
+def _stub_native():
+    """Point every groupmm module's reference to the Rust forward/backward at
+    allocation-only stand-ins (the bench's own process only)."""
+
+    def mm(a, b, offs=None, out_dtype=None, out=None):
+        return out if out is not None else a.new_empty((a.shape[0], b.shape[-1]))
+
+    def mm_backward(grad, a, b, offs=None, need_a=True, need_b=True):
+        return (a.new_empty(a.shape) if need_a else None, b.new_empty(b.shape) if need_b else None)
+
+    stand_in = {id(_native.grouped_mm): mm, id(_native.grouped_mm_backward): mm_backward}
+    for name, mod in list(sys.modules.items()):
+        if name.startswith("groupmm.") and mod is not None and mod is not _native:
+            for attr, value in list(vars(mod).items()):
+                if id(value) in stand_in:
+                    setattr(mod, attr, stand_in[id(value)])
+    return mm, mm_backward
+
+
+class _Floor(torch.autograd.Function):
+    """The least a Python autograd shim does: save the inputs, allocate the outputs."""
+
+    @staticmethod
+    def forward(ctx, a, b, offs):
+        ctx.save_for_backward(a, b, offs)
+        return a.new_empty((a.shape[0], b.shape[-1]))
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, b, offs = ctx.saved_tensors
+        return a.new_empty(a.shape), b.new_empty(b.shape), None
+
+
+def _floor(a, b, offs=None):
+    if a.requires_grad or b.requires_grad:
+        return _Floor.apply(a, b, offs)
+    return a.new_empty((a.shape[0], b.shape[-1]))
 
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--calls", type=int, default=3000)
-    n = p.parse_args().calls
-    dev = "cuda"
-    E, K, N, T = 8, 128, 128, 256
-    x = torch.randn(T, K, device=dev, dtype=torch.bfloat16)
-    w = torch.randn(E, K, N, device=dev, dtype=torch.bfloat16)
-    offs = torch.tensor([T // E] * E, device=dev).cumsum(0).to(torch.int32)
-    gy = torch.randn(T, N, device=dev, dtype=torch.bfloat16)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    p.add_argument("--calls", type=int, default=2000)
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--shape", default="8,128,128,256", help="E,K,N,T")
+    p.add_argument("--stub", action="store_true", help="the Python layer alone (see above)")
+    args = p.parse_args()
+    dev, dt = args.device, DTYPES[args.dtype]
+    E, K, N, T = (int(v) for v in args.shape.split(","))
+    sync = torch.cuda.synchronize if dev.startswith("cuda") else (lambda: None)
+
+    def per_call(fn):
+        for _ in range(min(200, args.calls)):
+            fn()
+        runs = []
+        for _ in range(args.repeats):
+            sync()
+            t0 = time.perf_counter_ns()
+            for _ in range(args.calls):
+                fn()
+            sync()
+            runs.append((time.perf_counter_ns() - t0) / args.calls / 1e3)
+        return statistics.median(runs)
+
+    g = torch.Generator(device="cpu").manual_seed(0)
+    x = torch.randn(T, K, generator=g).to(dev, dt)
+    w = torch.randn(E, K, N, generator=g).to(dev, dt)
+    offs = torch.full((E,), T // E, dtype=torch.int32).cumsum(0).to(dev, torch.int32)
+    gy = torch.randn(T, N, generator=g).to(dev, dt)
     xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
-    f = getattr(torch.nn.functional, "grouped_mm", None)
-    rows = [
-        ("torch.empty([T,N]) on cuda", lambda: torch.empty(T, N, device=dev, dtype=x.dtype)),
-        ("x.new_empty([T,N])", lambda: x.new_empty((T, N))),
-        ("torch.mm", lambda: torch.mm(x, w[0])),
-        ("_native.grouped_mm (Rust entry, no Python glue)", lambda: _native.grouped_mm(x, w, offs)),
-        ("groupmm.grouped_mm, no grad", lambda: groupmm.grouped_mm(x, w, offs=offs)),
-        (
-            "groupmm.grouped_mm, inputs require grad (fwd only)",
+
+    native_mm, native_bwd = _native.grouped_mm, _native.grouped_mm_backward
+    if args.stub:
+        native_mm, native_bwd = _stub_native()
+        peer, peer_name = _floor, "floor"
+    else:
+        peer, peer_name = getattr(torch.nn.functional, "grouped_mm", None), "F.grouped_mm"
+        if peer is not None:
+            try:
+                peer(x, w, offs=offs)
+            except (RuntimeError, NotImplementedError) as e:  # no kernel for device/dtype
+                print(f"F.grouped_mm unavailable here: {str(e).splitlines()[0]}")
+                peer = None
+
+    print(
+        f"host µs per call: {dev} ({_device_name(dev)}), torch {torch.__version__}, "
+        f"groupmm {groupmm.__version__}, {args.dtype}, E={E} K={K} N={N} T={T}, "
+        f"median of {args.repeats} x {args.calls} calls"
+        + (", Rust entry points stubbed" if args.stub else "")
+    )
+    side = {
+        "forward (no grad)": (
+            lambda: groupmm.grouped_mm(x, w, offs=offs),
+            peer and (lambda: peer(x, w, offs=offs)),
+        ),
+        "forward (inputs require grad)": (
             lambda: groupmm.grouped_mm(xg, wg, offs=offs),
+            peer and (lambda: peer(xg, wg, offs=offs)),
         ),
+        "forward+backward (autograd)": (
+            lambda: groupmm.grouped_mm(xg, wg, offs=offs).backward(gy),
+            peer and (lambda: peer(xg, wg, offs=offs).backward(gy)),
+        ),
+    }
+    print(f"{'':32s}{'groupmm':>10s}{peer_name:>14s}{'ratio':>8s}")
+    ours = {}
+    for name, (mine, theirs) in side.items():
+        ours[name] = per_call(mine)
+        other = per_call(theirs) if theirs else float("nan")
+        print(f"{name:32s}{ours[name]:10.1f}{other:14.1f}{ours[name] / other:8.2f}")
+
+    print("breakdown:")
+    nf = per_call(lambda: native_mm(x, w, offs))
+    nb = per_call(lambda: native_bwd(gy, x, w, offs))
+    rows = [
+        (per_call(lambda: torch.empty(T, N, device=dev, dtype=dt)), "torch.empty([T,N])"),
+        (per_call(lambda: x.new_empty((T, N))), "x.new_empty([T,N])"),
+        (per_call(lambda: torch.mm(x, w[0])), "torch.mm (one group's product)"),
+        (nf, "_native.grouped_mm (Rust entry, no Python glue)"),
+        (nb, "_native.grouped_mm_backward (both products)"),
+        (ours["forward (no grad)"] - nf, "Python layer, forward (no grad)"),
+        (ours["forward (inputs require grad)"] - nf, "Python layer + autograd node, forward"),
         (
-            "_native.grouped_mm_backward (both products)",
-            lambda: _native.grouped_mm_backward(gy, x, w, offs),
+            ours["forward+backward (autograd)"] - nf - nb,
+            "Python layer + autograd engine, forward+backward",
         ),
-        ("groupmm fwd+bwd", lambda: groupmm.grouped_mm(xg, wg, offs=offs).backward(gy)),
     ]
-    if f is not None:
-        rows += [
-            ("F.grouped_mm, no grad", lambda: f(x, w, offs=offs)),
-            ("F.grouped_mm fwd+bwd", lambda: f(xg, wg, offs=offs).backward(gy)),
-        ]
-    print(f"host µs per call ({torch.cuda.get_device_name()}, torch {torch.__version__})")
-    for name, fn in rows:
-        print(f"{per_call(fn, n):8.1f}  {name}")
+    for us, name in rows:
+        print(f"{us:10.1f}  {name}")
+
+
+def _device_name(dev):
+    if dev.startswith("cuda"):
+        return torch.cuda.get_device_name()
+    return f"{torch.get_num_threads()} threads"
 
 
 if __name__ == "__main__":

@@ -10,4 +10,10 @@ cargo clippy --all-targets --features python -- -D warnings
 echo "== cargo test"; cargo test
 echo "== ruff"; "$PY" -m ruff check python tests benches scripts examples
 "$PY" -m ruff format --check python tests benches scripts examples
+echo "== stubtest (python/groupmm/_native.pyi against the built extension)"
+if "$PY" -c "import mypy.stubtest" 2>/dev/null; then
+  "$PY" -m mypy.stubtest --mypy-config-file tests/stubtest/mypy.ini groupmm._native
+else
+  echo "skipped: mypy is not installed (pip install mypy)"
+fi
 echo "== pytest"; "$PY" -m pytest -q -p no:cacheprovider tests/python

@@ -7,6 +7,11 @@
 torch.Size([10, 5])
 
 See ``grouped_mm`` for every form; ``build_info()`` says what this build holds.
+
+The package by role: ``_api`` (the public function and its argument handling),
+``_autograd`` (the eager autograd shims), ``_library`` (the ``torch.ops.groupmm`` custom
+ops, their fake kernels and autograd), ``_autocast``, ``_numpy`` (the torch-free path),
+``_native`` (the Rust extension); ``nn`` and ``moe`` build MoE layers on top.
 """
 
 from . import _native
@@ -26,17 +31,11 @@ def build_info() -> dict:
     return dict(_native.build_info())
 
 
-def _numpy_grouped_mm(a, b, offs=None, *, out_dtype=None, out=None):
-    """numpy-only ``grouped_mm``, used when torch is not installed."""
-    if isinstance(a, (list, tuple)):
-        return list(_native.grouped_mm_list(a, b, out_dtype, out))
-    return _native.grouped_mm(a, b, offs, out_dtype, out)
-
-
 if _torch is not None:
-    from .ops import GroupedMM, GroupedMMList, grouped_mm  # noqa: F401
+    from ._api import grouped_mm
+    from ._autograd import GroupedMM, GroupedMMList  # noqa: F401
 else:
-    grouped_mm = _numpy_grouped_mm
+    from ._numpy import grouped_mm
 
 
 def __getattr__(name):

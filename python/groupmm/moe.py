@@ -20,12 +20,13 @@ the layer runs under ``torch.compile(fullgraph=True)`` and inside CUDA graphs.
 
 from __future__ import annotations
 
+import numbers
 from typing import NamedTuple
 
 import torch
 from torch import nn
 
-from .nn import GroupedExperts, _check_positive_int
+from .nn import GroupedExperts, _check_positive_int, _check_tensor
 
 __all__ = [
     "MoELayer",
@@ -63,6 +64,11 @@ class Permuted(NamedTuple):
     """int64 ``[T, k]``: row of ``tokens`` that holds assignment ``(t, j)``."""
     counts: torch.Tensor
     """int64 ``[E]`` number of assignments per expert (before padding)."""
+
+
+def _is_integer(dtype: torch.dtype) -> bool:
+    """Index dtypes: integers, not bool."""
+    return not dtype.is_floating_point and not dtype.is_complex and dtype != torch.bool
 
 
 def load_balancing_loss(probs: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
@@ -118,17 +124,22 @@ class TopKRouter(nn.Module):
         self.num_experts = _check_positive_int("num_experts", num_experts)
         self.top_k = _check_positive_int("top_k", top_k)
         if top_k > num_experts:
-            raise ValueError(f"top_k must be <= num_experts={num_experts}, got {top_k}")
-        if aux_loss_coef < 0:
-            raise ValueError(f"aux_loss_coef must be >= 0, got {aux_loss_coef}")
+            raise ValueError(f"top_k: expected at most num_experts={num_experts}, found {top_k}")
+        if isinstance(aux_loss_coef, bool) or not isinstance(aux_loss_coef, numbers.Real):
+            raise TypeError(f"aux_loss_coef: expected a float >= 0, found {aux_loss_coef!r}")
+        if not aux_loss_coef >= 0:  # also refuses NaN
+            raise ValueError(f"aux_loss_coef: expected a float >= 0, found {aux_loss_coef}")
         self.normalize = top_k > 1 if normalize is None else bool(normalize)
         self.aux_loss_coef = float(aux_loss_coef)
         self.gate = nn.Linear(d_model, num_experts, bias=False, device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> RouterOutput:
         """Route ``x`` of shape ``[T, d_model]``."""
+        _check_tensor("x", x)
         if x.dim() != 2 or x.shape[1] != self.d_model:
-            raise ValueError(f"x must have shape [T, d_model={self.d_model}], got {tuple(x.shape)}")
+            raise ValueError(
+                f"x: expected shape [T, d_model={self.d_model}], found {list(x.shape)}"
+            )
         logits = self.gate(x)
         compute_dtype = torch.promote_types(logits.dtype, torch.float32)
         probs = logits.to(compute_dtype).softmax(dim=-1)
@@ -179,8 +190,10 @@ def permute(
         :class:`Permuted` ``(tokens, offs, inverse, counts)``; pass ``inverse`` to
         :func:`unpermute`.
     """
+    _check_tensor("tokens", tokens)
+    _check_tensor("expert_ids", expert_ids)
     if tokens.dim() != 2:
-        raise ValueError(f"tokens must have shape [T, D], got {tuple(tokens.shape)}")
+        raise ValueError(f"tokens: expected shape [T, D], found {list(tokens.shape)}")
     _check_positive_int("num_experts", num_experts)
     if pad_to is not None:
         _check_positive_int("pad_to", pad_to)
@@ -188,13 +201,16 @@ def permute(
         expert_ids = expert_ids.unsqueeze(1)
     if expert_ids.dim() != 2 or expert_ids.shape[0] != tokens.shape[0]:
         raise ValueError(
-            f"expert_ids must have shape [T={tokens.shape[0]}, k] or [T], "
-            f"got {tuple(expert_ids.shape)}"
+            f"expert_ids: expected shape [T={tokens.shape[0]}, k] or [T], "
+            f"found {list(expert_ids.shape)}"
         )
-    if expert_ids.dtype.is_floating_point or expert_ids.dtype == torch.bool:
-        raise ValueError(f"expert_ids must be an integer tensor, got {expert_ids.dtype}")
+    if not _is_integer(expert_ids.dtype):
+        raise TypeError(f"expert_ids: expected an integer dtype, found {expert_ids.dtype}")
     if expert_ids.device != tokens.device:
-        raise ValueError(f"expert_ids is on {expert_ids.device} but tokens is on {tokens.device}")
+        raise RuntimeError(
+            f"expert_ids: expected a tensor on {tokens.device} (the device of tokens), "
+            f"found one on {expert_ids.device}"
+        )
     num_tokens, top_k = expert_ids.shape
     device = tokens.device
     flat = expert_ids.reshape(-1).long()
@@ -240,20 +256,32 @@ def unpermute(
         ``[T, D]``: ``sum_j gate_weights[t, j] * expert_out[inverse[t, j]]``, in
         ``expert_out``'s dtype.
     """
+    _check_tensor("expert_out", expert_out)
+    _check_tensor("inverse", inverse)
     if expert_out.dim() != 2:
-        raise ValueError(f"expert_out must have shape [R, D], got {tuple(expert_out.shape)}")
+        raise ValueError(f"expert_out: expected shape [R, D], found {list(expert_out.shape)}")
     if inverse.dim() == 1:
         inverse = inverse.unsqueeze(1)
+    if inverse.dim() != 2:
+        raise ValueError(f"inverse: expected shape [T, k] or [T], found {list(inverse.shape)}")
+    if not _is_integer(inverse.dtype):
+        raise TypeError(f"inverse: expected an integer dtype, found {inverse.dtype}")
+    if inverse.device != expert_out.device:
+        raise RuntimeError(
+            f"inverse: expected a tensor on {expert_out.device} (the device of expert_out), "
+            f"found one on {inverse.device}"
+        )
     num_tokens, top_k = inverse.shape
     rows = expert_out[inverse.reshape(-1)].view(num_tokens, top_k, expert_out.shape[1])
     if gate_weights is None:
         return rows.sum(dim=1)
+    _check_tensor("gate_weights", gate_weights)
     if gate_weights.dim() == 1:
         gate_weights = gate_weights.unsqueeze(1)
     if gate_weights.shape != inverse.shape:
         raise ValueError(
-            f"gate_weights must have shape {tuple(inverse.shape)} like inverse, "
-            f"got {tuple(gate_weights.shape)}"
+            f"gate_weights: expected shape {list(inverse.shape)} (the shape of inverse), "
+            f"found {list(gate_weights.shape)}"
         )
     w = gate_weights.to(expert_out.dtype).unsqueeze(1)  # [T, 1, k]
     return torch.bmm(w, rows).squeeze(1)

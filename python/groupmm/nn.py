@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .ops import grouped_mm
+from ._api import grouped_mm
 
 __all__ = ["ACTIVATIONS", "GroupedExperts"]
 
@@ -22,12 +22,22 @@ __all__ = ["ACTIVATIONS", "GroupedExperts"]
 ACTIVATIONS = ("swiglu", "gelu", "relu")
 
 
+# Argument errors follow the core's rule (grouped_mm): the message starts with the
+# argument's name; ValueError for shapes and values, TypeError for types and dtypes,
+# RuntimeError for devices.
+
+
 def _check_positive_int(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be a positive int, got {value!r}")
+        raise TypeError(f"{name}: expected a positive int, found {value!r}")
     if value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value}")
+        raise ValueError(f"{name}: expected a positive int, found {value}")
     return value
+
+
+def _check_tensor(name: str, value: object) -> None:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, found {type(value).__name__}")
 
 
 class GroupedExperts(nn.Module):
@@ -82,11 +92,11 @@ class GroupedExperts(nn.Module):
         self.d_model = _check_positive_int("d_model", d_model)
         self.d_ff = _check_positive_int("d_ff", d_ff)
         if activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+            raise ValueError(f"activation: expected one of {ACTIVATIONS}, found {activation!r}")
         if not isinstance(bias, bool):
-            raise TypeError(f"bias must be a bool, got {bias!r}")
-        if dtype is not None and not dtype.is_floating_point:
-            raise ValueError(f"dtype must be a floating point dtype, got {dtype}")
+            raise TypeError(f"bias: expected a bool, found {bias!r}")
+        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise TypeError(f"dtype: expected a floating torch.dtype or None, found {dtype!r}")
         self.activation = activation
         factory = {"device": device, "dtype": dtype}
         n_in = 2 * d_ff if activation == "swiglu" else d_ff
@@ -132,16 +142,28 @@ class GroupedExperts(nn.Module):
             ``[T, d_model]``; rows past ``offs[-1]`` are zero (without bias, also any
             all-zero padding rows inside a group).
         """
+        _check_tensor("x", x)
+        _check_tensor("offs", offs)
         if x.dim() != 2 or x.shape[1] != self.d_model:
-            raise ValueError(f"x must have shape [T, d_model={self.d_model}], got {tuple(x.shape)}")
+            raise ValueError(
+                f"x: expected shape [T, d_model={self.d_model}], found {list(x.shape)}"
+            )
         if offs.dim() != 1 or offs.shape[0] != self.num_experts:
             raise ValueError(
-                f"offs must have shape [num_experts={self.num_experts}], got {tuple(offs.shape)}"
+                f"offs: expected shape [num_experts={self.num_experts}], found {list(offs.shape)}"
             )
         if offs.dtype != torch.int32:
-            raise ValueError(f"offs must be int32, got {offs.dtype}")
+            raise TypeError(f"offs: expected dtype torch.int32, found {offs.dtype}")
         if x.dtype != self.w_in.dtype:
-            raise ValueError(f"x has dtype {x.dtype} but the expert weights are {self.w_in.dtype}")
+            raise TypeError(
+                f"x: expected dtype {self.w_in.dtype} (the dtype of the expert weights), "
+                f"found {x.dtype}"
+            )
+        if x.device != self.w_in.device:
+            raise RuntimeError(
+                f"x: expected a tensor on {self.w_in.device} (the device of the expert "
+                f"weights), found one on {x.device}"
+            )
         h = grouped_mm(x, self.w_in, offs=offs)
         if self.b_in is not None:
             h = self._add_bias(h, self.b_in, offs)

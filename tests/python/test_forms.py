@@ -4,7 +4,7 @@ gradients are computed, gradcheck and gradgradcheck."""
 from __future__ import annotations
 
 import groupmm
-import groupmm.ops
+import groupmm._library
 import pytest
 import torch
 from conftest import (
@@ -91,8 +91,8 @@ class _Spy:
 @pytest.mark.parametrize("form", ["2d3d", "2d2d", "3d2d", "3d3d"])
 @pytest.mark.parametrize("which", ["a", "b"])
 def test_only_needed_gradient_is_computed(form, which, monkeypatch):
-    spy = _Spy(groupmm.ops._native_mm_bwd)
-    monkeypatch.setattr(groupmm.ops, "_native_mm_bwd", spy)
+    spy = _Spy(groupmm._library._native_mm_bwd)
+    monkeypatch.setattr(groupmm._library, "_native_mm_bwd", spy)
     case = PACKED_CASES[form][0]
     a, b, offs = make_packed(form, **case, seed=3)
     leaf = a if which == "a" else b
@@ -111,8 +111,8 @@ def test_only_needed_gradient_is_computed(form, which, monkeypatch):
 
 @pytest.mark.parametrize("which", ["As", "Bs", "one"])
 def test_list_only_needed_gradients(which, monkeypatch):
-    spy = _Spy(groupmm.ops._native_list_bwd)
-    monkeypatch.setattr(groupmm.ops, "_native_list_bwd", spy)
+    spy = _Spy(groupmm._library._native_list_bwd)
+    monkeypatch.setattr(groupmm._library, "_native_list_bwd", spy)
     As, Bs = make_list(LIST_CASES[0], seed=5)
     if which == "As":
         want = As

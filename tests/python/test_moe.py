@@ -215,26 +215,33 @@ def test_grouped_experts_low_precision(dtype: torch.dtype) -> None:
         ({"d_ff": 0}, ValueError, "d_ff"),
         ({"activation": "tanh"}, ValueError, "activation"),
         ({"bias": "yes"}, TypeError, "bias"),
-        ({"dtype": torch.int32}, ValueError, "dtype"),
+        ({"dtype": torch.int32}, TypeError, "dtype"),
+        ({"dtype": "float32"}, TypeError, "dtype"),
     ],
 )
 def test_grouped_experts_bad_args(kwargs: dict, exc: type, name: str) -> None:
     args = {"num_experts": 2, "d_model": 4, "d_ff": 8} | kwargs
-    with pytest.raises(exc, match=name):
+    with pytest.raises(exc, match=f"^{name}: "):
         GroupedExperts(**args)
 
 
 def test_grouped_experts_bad_forward_args() -> None:
     ge = GroupedExperts(2, 4, 8, dtype=F64)
     x = torch.randn(3, 4, dtype=F64)
-    with pytest.raises(ValueError, match="x must have shape"):
+    with pytest.raises(ValueError, match=r"^x: expected shape \[T, d_model=4\], found \[3, 5\]"):
         ge(torch.randn(3, 5, dtype=F64), offs_of([1, 2]))
-    with pytest.raises(ValueError, match="offs must have shape"):
+    with pytest.raises(ValueError, match=r"^offs: expected shape \[num_experts=2\]"):
         ge(x, offs_of([1, 1, 1]))
-    with pytest.raises(ValueError, match="offs must be int32"):
+    with pytest.raises(TypeError, match="^offs: expected dtype torch.int32, found torch.int64"):
         ge(x, offs_of([1, 2]).long())
-    with pytest.raises(ValueError, match="dtype"):
+    with pytest.raises(TypeError, match="^x: expected dtype torch.float64"):
         ge(x.float(), offs_of([1, 2]))
+    with pytest.raises(TypeError, match="^x: expected a torch.Tensor, found ndarray"):
+        ge(x.numpy(), offs_of([1, 2]))
+    with pytest.raises(TypeError, match="^offs: expected a torch.Tensor, found list"):
+        ge(x, [1, 2])
+    with pytest.raises(RuntimeError, match="^x: expected a tensor on cpu"):
+        ge(x.to("meta"), offs_of([1, 2]))
 
 
 def test_grouped_experts_gradcheck() -> None:
@@ -338,17 +345,39 @@ def test_permute_is_differentiable() -> None:
 
 
 def test_permute_bad_args() -> None:
+    # the core's rule: the message starts with the argument's name; ValueError for
+    # shapes/values, TypeError for types/dtypes, RuntimeError for devices
     x = torch.randn(4, 3)
-    with pytest.raises(ValueError, match="expert_ids"):
+    ids = torch.zeros(4, 1, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"^expert_ids: expected shape \[T=4, k\]"):
         permute(x, torch.zeros(5, 1, dtype=torch.long), 2)
-    with pytest.raises(ValueError, match="expert_ids"):
+    with pytest.raises(TypeError, match="^expert_ids: expected an integer dtype"):
         permute(x, torch.zeros(4, 1), 2)
-    with pytest.raises(ValueError, match="tokens"):
-        permute(x[0], torch.zeros(4, 1, dtype=torch.long), 2)
-    with pytest.raises(ValueError, match="pad_to"):
-        permute(x, torch.zeros(4, 1, dtype=torch.long), 2, pad_to=0)
-    with pytest.raises(ValueError, match="gate_weights"):
-        unpermute(x, torch.zeros(4, 2, dtype=torch.long), torch.ones(4, 3))
+    with pytest.raises(TypeError, match="^expert_ids: expected an integer dtype"):
+        permute(x, torch.zeros(4, 1, dtype=torch.bool), 2)
+    with pytest.raises(TypeError, match="^expert_ids: expected a torch.Tensor"):
+        permute(x, [[0]] * 4, 2)
+    with pytest.raises(RuntimeError, match="^expert_ids: expected a tensor on cpu"):
+        permute(x, ids.to("meta"), 2)
+    with pytest.raises(ValueError, match="^tokens: expected shape"):
+        permute(x[0], ids, 2)
+    with pytest.raises(TypeError, match="^num_experts: expected a positive int"):
+        permute(x, ids, 2.0)
+    with pytest.raises(ValueError, match="^pad_to: expected a positive int"):
+        permute(x, ids, 2, pad_to=0)
+    inv = torch.zeros(4, 2, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"^gate_weights: expected shape \[4, 2\]"):
+        unpermute(x, inv, torch.ones(4, 3))
+    with pytest.raises(TypeError, match="^gate_weights: expected a torch.Tensor"):
+        unpermute(x, inv, [1.0] * 4)
+    with pytest.raises(ValueError, match="^expert_out: expected shape"):
+        unpermute(x[0], inv)
+    with pytest.raises(ValueError, match="^inverse: expected shape"):
+        unpermute(x, inv[None])
+    with pytest.raises(TypeError, match="^inverse: expected an integer dtype"):
+        unpermute(x, inv.float())
+    with pytest.raises(RuntimeError, match="^inverse: expected a tensor on cpu"):
+        unpermute(x, inv.to("meta"))
 
 
 # ---------------------------------------------------------------- router
@@ -384,8 +413,18 @@ def test_router_top1_keeps_raw_probability() -> None:
     assert not r.normalize
     torch.testing.assert_close(out.weights[:, 0], out.probs.max(-1).values)
     assert out.aux_loss.item() == 0.0
-    with pytest.raises(ValueError, match="top_k"):
+    with pytest.raises(ValueError, match="^top_k: expected at most num_experts=4, found 5"):
         TopKRouter(5, 4, 5)
+    with pytest.raises(ValueError, match="^aux_loss_coef: expected a float >= 0"):
+        TopKRouter(5, 4, 1, aux_loss_coef=-0.5)
+    with pytest.raises(ValueError, match="^aux_loss_coef: expected a float >= 0"):
+        TopKRouter(5, 4, 1, aux_loss_coef=float("nan"))
+    with pytest.raises(TypeError, match="^aux_loss_coef: expected a float >= 0"):
+        TopKRouter(5, 4, 1, aux_loss_coef="0.1")
+    with pytest.raises(TypeError, match="^x: expected a torch.Tensor"):
+        r([[0.0] * 5])
+    with pytest.raises(ValueError, match=r"^x: expected shape \[T, d_model=5\]"):
+        r(torch.randn(6, 4))
 
 
 # ---------------------------------------------------------------- MoELayer
