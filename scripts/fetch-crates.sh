@@ -223,6 +223,11 @@ elif [ "${GROUPMM_VENDOR:-auto}" != "1" ]; then
   rm -rf "$probe"
 fi
 
+if ! command -v apt-get >/dev/null || ! command -v dpkg-deb >/dev/null; then
+  echo "fetch-crates: the Rust package registry is unreachable, and without apt-get and" >&2
+  echo "dpkg-deb Debian's packaged crate sources cannot be fetched instead." >&2
+  exit 1
+fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/lists/partial" "$work/cache/archives/partial" "$work/debs" "$work/x"
