@@ -436,6 +436,7 @@ def _check_list_grads(res, As, Bs, dt):
         _check_close(grads[len(As) + i], gb, dt, sb)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", DEVICES)
 @settings(max_examples=FUZZ_EXAMPLES, deadline=None)
 @given(data=st.data())

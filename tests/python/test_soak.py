@@ -14,6 +14,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # every test here is a soak: `-m "not slow"` skips them
+
 SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "soak.py")
 
 
