@@ -365,7 +365,8 @@ class _Combine(torch.autograd.Function):
         ctx.save_for_backward(y, w, src, perm)
         num_tokens, top_k = inverse.shape
         rows = y.index_select(0, inverse.reshape(-1)).view(num_tokens, top_k, y.shape[-1])
-        return torch.bmm(w.to(y.dtype).unsqueeze(1), rows).squeeze(1)
+        # squeeze_ (not squeeze): the output must not be a view, callers add to it in place
+        return torch.bmm(w.to(y.dtype).unsqueeze(1), rows).squeeze_(1)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
