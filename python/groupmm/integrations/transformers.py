@@ -168,6 +168,12 @@ def enable(model: Any, name: str = NAME) -> Any:
             "model: expected a transformers PreTrainedModel (with set_experts_implementation, "
             f"transformers >= 5.0), found {type(model).__name__}"
         )
+    if not any(_is_experts(m) for m in model.modules()):
+        raise ValueError(
+            f"model: {type(model).__name__} has no experts module that dispatches through "
+            "transformers' experts registry (no MoE layers, or experts without "
+            "@use_experts_implementation); nothing was switched to groupmm"
+        )
     try:
         set_impl(name)
     except ValueError as err:
@@ -178,12 +184,12 @@ def enable(model: Any, name: str = NAME) -> Any:
             raise
         for config in _configs(model):
             config._experts_implementation = name
-    switched = [m for m in model.modules() if _dispatches_to(m, name)]
-    if not switched:
-        raise ValueError(
-            f"model: {type(model).__name__} has no experts module that dispatches through "
-            "transformers' experts registry (no MoE layers, or experts without "
-            "@use_experts_implementation); nothing was switched to groupmm"
+    if not any(
+        _is_experts(m) and m.config._experts_implementation == name for m in model.modules()
+    ):
+        raise RuntimeError(
+            f"model: set_experts_implementation({name!r}) left every experts module of "
+            f"{type(model).__name__} on another implementation"
         )
     return model
 
@@ -200,11 +206,12 @@ def _configs(model) -> list:
     return out
 
 
-def _dispatches_to(module, name: str) -> bool:
-    if not isinstance(getattr(module, "down_proj", None), torch.nn.Parameter):
-        return False
+def _is_experts(module) -> bool:
+    """An experts module that transformers dispatches through the registry."""
     config = getattr(module, "config", None)
-    return getattr(config, "_experts_implementation", None) == name
+    return isinstance(getattr(module, "down_proj", None), torch.nn.Parameter) and hasattr(
+        config, "_experts_implementation"
+    )
 
 
 # --------------------------------------------------------------------------- layout
