@@ -66,9 +66,10 @@ So a forward makes two ``[S, H]`` copies around the two grouped products (transf
 
 Measured on an H200 (torch 2.11, transformers 5.17, bf16, random weights,
 ``benches/bench_transformers.py``): forward+backward of the MoE block of a
-Qwen3-30B-A3B-sized layer at T = 4096 tokens takes 3.55 ms against 5.35 ms for
-``"grouped_mm"`` (1.51x); 1.5-1.7x over both configs of the benchmark (with OLMoE) and
-T = 4096 and 16384, 1.16-1.29x for the whole decoder layer. The grouped GEMMs
+Qwen3-30B-A3B-sized layer at T = 4096 tokens takes 3.56 ms against 5.33 ms for
+``"grouped_mm"`` (1.50x); 1.50-1.71x over both configs of the benchmark (with OLMoE),
+T = 4096 and 16384, forward and forward+backward; 1.16-1.30x for the whole decoder
+layer. The grouped GEMMs
 themselves run at the speed of torch's. Of the glue choices, step 3 matters most: with
 ``groupmm.grouped_mm``'s own autograd the same block took 7.4 ms. Against the plain
 alternative, the dispatch backward of step 2 saves 0.1-0.8 ms per block, the batched
@@ -364,20 +365,25 @@ class _GroupBias(torch.autograd.Function):
 
 
 class _Combine(torch.autograd.Function):
-    """``out[t] = sum_j w[t, j] * y[inverse[t, j]]``: one gather and one batched
-    ``[1, k] x [k, H]`` product (float32 accumulation for 16-bit types)."""
+    """``out[t, 0] = sum_j w[t, j] * y[inverse[t, j]]``: one gather and one batched
+    ``[1, k] x [k, H]`` product (float32 accumulation for 16-bit types).
+
+    The output is ``[T, 1, H]``, squeezed by the caller: a custom Function's output must
+    not be a view (callers such as early 5.x Qwen2-MoE add to it in place), and an
+    in-place ``squeeze_`` inside the forward gives wrong gradients under
+    ``torch.compile`` with torch 2.11 (seen on the GPU machine; fine with 2.13)."""
 
     @staticmethod
     def forward(ctx, y: Tensor, w: Tensor, inverse: Tensor, src: Tensor, perm: Tensor) -> Tensor:
         ctx.save_for_backward(y, w, src, perm)
         num_tokens, top_k = inverse.shape
         rows = y.index_select(0, inverse.reshape(-1)).view(num_tokens, top_k, y.shape[-1])
-        # squeeze_ (not squeeze): the output must not be a view, callers add to it in place
-        return torch.bmm(w.to(y.dtype).unsqueeze(1), rows).squeeze_(1)
+        return torch.bmm(w.to(y.dtype).unsqueeze(1), rows)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         y, w, src, perm = ctx.saved_tensors
+        grad = grad.squeeze(1)
         need_y, need_w = ctx.needs_input_grad[:2]
         dy = dw = None
         if need_y or need_w:
@@ -433,7 +439,7 @@ def _routed_experts(module, layout: _Layout, hidden_states: Tensor, route: _Rout
         y = _GroupBias.apply(y, layout.b_out.to(y.dtype), route.expert, route.offs)
     if layout.post_norm is not None:
         y = layout.post_norm(y)
-    return _Combine.apply(y, route.weights, route.inverse, route.src, route.perm)
+    return _Combine.apply(y, route.weights, route.inverse, route.src, route.perm).squeeze(1)
 
 
 def groupmm_experts_forward(
