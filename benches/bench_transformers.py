@@ -1,0 +1,343 @@
+"""groupmm inside Hugging Face transformers: experts implementation "groupmm" vs
+transformers' own "grouped_mm" (torch's grouped GEMM), "eager" (a loop over experts)
+and "sonicmoe" (when it loads), in one process, on the same model and inputs.
+
+    python benches/bench_transformers.py [--json out.json] [--reps 10] [--tokens 4096,16384]
+    python benches/bench_transformers.py --device cpu --tiny      # a quick run anywhere
+
+Models: one decoder layer (``num_hidden_layers=1``, a 256-token vocabulary so that the
+embedding and head are negligible) with random weights of a Qwen3-30B-A3B-sized config
+(hidden 2048, moe_intermediate 768, 128 experts, top-8) and an OLMoE-sized one (hidden
+2048, intermediate 1024, 64 experts, top-8), bf16, batch 1 of T tokens.
+
+Passes, per implementation:
+- ``layer fwd``: the whole decoder layer (attention included) under ``torch.no_grad``;
+- ``layer fwd+bwd``: forward with autograd and backward of a fixed random gradient of
+  the logits, parameter gradients set to None before each step;
+- ``moe fwd`` / ``moe fwd+bwd``: the same for the layer's MoE block alone (router and
+  experts), the part the implementations differ in.
+
+Times: milliseconds, median of ``--reps`` steps after ``--warmup`` steps, CUDA events
+around each step (steps issued back to back; ``time.perf_counter`` on CPU), the best of
+``--rounds`` rounds that each visit every implementation in turn. "eager" runs
+at the smallest T only (it is slow). A failing implementation is reported in the table
+and the JSON, and the run goes on. The last column is grouped_mm's time over groupmm's
+(> 1: groupmm faster); ``rel diff`` is the relative Frobenius difference of groupmm's
+MoE-block output to grouped_mm's (same routing, bf16).
+
+Runs on torch >= 2.9 with transformers >= 5.0 (5.17 on the GPU machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+CONFIGS = {
+    # name: (config class name, kwargs)
+    "qwen3-30b-a3b": (
+        "Qwen3MoeConfig",
+        dict(
+            hidden_size=2048,
+            intermediate_size=6144,
+            moe_intermediate_size=768,
+            num_experts=128,
+            num_experts_per_tok=8,
+            num_attention_heads=32,
+            num_key_value_heads=4,
+            head_dim=128,
+            norm_topk_prob=True,
+        ),
+    ),
+    "olmoe-1b-7b": (
+        "OlmoeConfig",
+        dict(
+            hidden_size=2048,
+            intermediate_size=1024,
+            num_experts=64,
+            num_experts_per_tok=8,
+            num_attention_heads=16,
+            num_key_value_heads=16,
+        ),
+    ),
+}
+
+TINY = {
+    "qwen3-tiny": (
+        "Qwen3MoeConfig",
+        dict(
+            hidden_size=64,
+            intermediate_size=128,
+            moe_intermediate_size=32,
+            num_experts=16,
+            num_experts_per_tok=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+        ),
+    ),
+    "olmoe-tiny": (
+        "OlmoeConfig",
+        dict(
+            hidden_size=64,
+            intermediate_size=48,
+            num_experts=8,
+            num_experts_per_tok=4,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+        ),
+    ),
+}
+
+IMPLS = ["groupmm", "grouped_mm", "eager", "sonicmoe"]
+PASSES = ["layer fwd", "layer fwd+bwd", "moe fwd", "moe fwd+bwd"]
+
+
+def build_model(cls_name: str, kwargs: dict, device: str, dtype: torch.dtype, seed: int):
+    import transformers
+
+    config = getattr(transformers, cls_name)(
+        vocab_size=256,
+        num_hidden_layers=1,
+        max_position_embeddings=32768,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        **kwargs,
+    )
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    return model.to(device=device, dtype=dtype)
+
+
+def moe_block(model):
+    layer = model.model.layers[0]
+    return layer.mlp
+
+
+def timer(device: str, reps: int, warmup: int):
+    def run(step) -> float:
+        for _ in range(warmup):
+            step()
+        if device == "cuda":
+            torch.cuda.synchronize()
+            starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+            ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+            for i in range(reps):
+                starts[i].record()
+                step()
+                ends[i].record()
+            torch.cuda.synchronize()
+            return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            step()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(times)
+
+    return run
+
+
+def set_impl(model, impl: str) -> None:
+    if impl == "groupmm":
+        from groupmm.integrations.transformers import enable
+
+        enable(model)
+    else:
+        model.set_experts_implementation(impl)
+
+
+def steps(model, tokens: int, device: str, dtype: torch.dtype, seed: int):
+    """The four passes as closures over fixed inputs."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    hidden = model.config.hidden_size
+    ids = torch.randint(3, 256, (1, tokens), generator=gen).to(device)
+    x = torch.randn(1, tokens, hidden, generator=gen).to(device=device, dtype=dtype)
+    x_grad = x.clone().requires_grad_(True)
+    go_logits = torch.randn(1, tokens, 256, generator=gen).to(device=device, dtype=dtype)
+    go_x = torch.randn(1, tokens, hidden, generator=gen).to(device=device, dtype=dtype)
+    block = moe_block(model)
+
+    def first(out):
+        return out[0] if isinstance(out, tuple) else out
+
+    def layer_fwd():
+        with torch.no_grad():
+            model(ids)
+
+    def layer_step():
+        model.zero_grad(set_to_none=True)
+        model(ids).logits.backward(go_logits)
+
+    def moe_fwd():
+        with torch.no_grad():
+            block(x)
+
+    def moe_step():
+        model.zero_grad(set_to_none=True)
+        x_grad.grad = None
+        first(block(x_grad)).backward(go_x)
+
+    def moe_out():
+        with torch.no_grad():
+            return first(block(x)).float()
+
+    return {
+        "layer fwd": layer_fwd,
+        "layer fwd+bwd": layer_step,
+        "moe fwd": moe_fwd,
+        "moe fwd+bwd": moe_step,
+    }, moe_out
+
+
+def short_error(err: BaseException) -> str:
+    text = f"{type(err).__name__}: {err}".replace("\n", " ")
+    return text[:160]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--tiny", action="store_true", help="tiny configs and T (CPU smoke run)")
+    ap.add_argument("--tokens", default=None, help="comma-separated T (default 4096,16384)")
+    ap.add_argument("--configs", default=None, help="comma-separated config names")
+    ap.add_argument("--impls", default=",".join(IMPLS))
+    ap.add_argument("--passes", default=",".join(PASSES))
+    ap.add_argument("--eager-max-tokens", type=int, default=None, help="default: smallest T")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=2, help="best median over rounds")
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    ap.add_argument("--json", default=None, help="write the results here")
+    args = ap.parse_args(argv)
+
+    import groupmm
+    import transformers
+    from groupmm.integrations.transformers import register
+
+    register()
+    device, dtype = args.device, {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
+    configs = TINY if args.tiny else CONFIGS
+    if args.configs:
+        configs = {k: v for k, v in {**CONFIGS, **TINY}.items() if k in args.configs.split(",")}
+    default_tokens = "64,256" if args.tiny else "4096,16384"
+    tokens_list = [int(t) for t in (args.tokens or default_tokens).split(",")]
+    eager_max = args.eager_max_tokens or min(tokens_list)
+    impls = args.impls.split(",")
+    passes = args.passes.split(",")
+    run = timer(device, args.reps, args.warmup)
+
+    env = {
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": sys.version.split()[0],
+        "groupmm": groupmm.build_info(),
+        "dtype": args.dtype,
+        "reps": args.reps,
+        "warmup": args.warmup,
+        "rounds": args.rounds,
+    }
+    print(f"# {env['device']} | torch {env['torch']} | transformers {env['transformers']}")
+    rows = []
+    t_start = time.perf_counter()
+    for name, (cls_name, kwargs) in configs.items():
+        model = build_model(cls_name, kwargs, device, dtype, seed=0)
+        for tokens in tokens_list:
+            closures, moe_out = steps(model, tokens, device, dtype, seed=1)
+            results = {p: {} for p in passes}
+            outs = {}
+            for impl in impls:
+                if impl == "eager" and tokens > eager_max:
+                    for p in passes:
+                        results[p][impl] = "skipped (slow)"
+            # rounds: every implementation once per round, best round's median kept, so
+            # that a slow phase of the machine does not fall on one implementation only
+            for _ in range(args.rounds):
+                for impl in impls:
+                    if any(isinstance(results[p].get(impl), str) for p in passes):
+                        continue
+                    try:
+                        set_impl(model, impl)
+                        if impl not in outs:
+                            outs[impl] = moe_out()
+                    except Exception as err:  # a missing or failing implementation
+                        for p in passes:
+                            results[p][impl] = short_error(err)
+                        continue
+                    for p in passes:
+                        try:
+                            ms = run(closures[p])
+                        except Exception as err:
+                            results[p][impl] = short_error(err)
+                            if os.environ.get("BENCH_TRACEBACK"):
+                                traceback.print_exc()
+                            continue
+                        prev = results[p].get(impl)
+                        results[p][impl] = ms if prev is None else min(prev, ms)
+                    if device == "cuda":
+                        torch.cuda.empty_cache()
+            diff = None
+            if "groupmm" in outs and "grouped_mm" in outs:
+                a, b = outs["groupmm"], outs["grouped_mm"]
+                diff = (torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b)).item()
+            for p in passes:
+                rows.append(
+                    {"config": name, "T": tokens, "pass": p, "ms": results[p], "rel_diff": diff}
+                )
+        del model
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    env["seconds"] = round(time.perf_counter() - t_start, 1)
+
+    print_table(rows, impls)
+    print(f"# {env['seconds']} s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"env": env, "rows": rows}, f, indent=1)
+    return 0
+
+
+def fmt(v) -> str:
+    return f"{v:.2f}" if isinstance(v, float) else ("n/a" if v is None else str(v)[:40])
+
+
+def print_table(rows, impls) -> None:
+    head = ["config", "T", "pass", *impls, "grouped_mm/groupmm", "rel diff"]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    notes = {}
+    for r in rows:
+        cells = []
+        for impl in impls:
+            v = r["ms"].get(impl)
+            if isinstance(v, str) and not v.startswith("skipped"):
+                notes.setdefault(impl, v)
+                cells.append("failed")
+            else:
+                cells.append(fmt(v))
+        a, b = r["ms"].get("groupmm"), r["ms"].get("grouped_mm")
+        ratio = f"{b / a:.2f}x" if isinstance(a, float) and isinstance(b, float) else "n/a"
+        diff = "n/a" if r["rel_diff"] is None else f"{r['rel_diff']:.1e}"
+        print(
+            f"| {r['config']} | {r['T']} | {r['pass']} | "
+            + " | ".join(cells)
+            + f" | {ratio} | {diff} |"
+        )
+    for impl, err in notes.items():
+        print(f"# {impl}: {err}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
