@@ -62,4 +62,25 @@ const char* sm90_pick_config(const Sm90Shape& s) {
   return "128x256";
 }
 
+// Measured on an H200 and an H100 (benches/NOTES-gpu.md, run 7): the varlen kernels beat
+// the ptr-array ones (and F.grouped_mm) by 1.03-1.9x on fine-grained experts (64-128
+// experts, up to ~256 rows per expert: Qwen3, 64 small experts), every pass, uniform and
+// skewed; on large experts (Mixtral: 4096 rows per expert, DeepSeek-V3 local: 2048) they
+// were 0.95-1.00x of F.grouped_mm on the H100 while the ptr-array kernels are at parity
+// (128x256 tiles with a 2x1 cluster), so calls with more than 1024 rows (tokens) per group
+// on average stay on the ptr-array kernels.
+bool sm90_use_varlen(const Sm90Shape& s) {
+  static const int forced = [] {
+    const char* v = std::getenv("GROUPMM_SM90_VARLEN");
+    if (v == nullptr || *v == 0 || std::strcmp(v, "auto") == 0) return -1;
+    if (std::strcmp(v, "0") == 0) return 0;
+    if (std::strcmp(v, "1") == 0) return 1;
+    std::fprintf(stderr, "groupmm: GROUPMM_SM90_VARLEN=%s not understood (auto, 0, 1); using auto\n", v);
+    return -1;
+  }();
+  if (forced >= 0) return forced == 1;
+  const int64_t per_group = s.form == Form::GroupedM ? s.m : s.k;  // rows / tokens in all
+  return s.groups == 0 || per_group <= 1024 * s.groups;
+}
+
 }  // namespace gmm

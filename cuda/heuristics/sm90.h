@@ -22,4 +22,10 @@ struct Sm90Shape {
 // (read once per process; "auto" or unset: the rule below).
 const char* sm90_pick_config(const Sm90Shape& s);
 
+// True when a packed call that groupmm's own varlen kernels can read (kernels/varlen.h:
+// GroupedM or GroupedK, 16-bit, the layouts and alignment they need) should run on them
+// rather than on the CUTLASS ptr-array kernels. GROUPMM_SM90_VARLEN=0 (never) or 1
+// (whenever they can) overrides the rule (read once per process).
+bool sm90_use_varlen(const Sm90Shape& s);
+
 }  // namespace gmm

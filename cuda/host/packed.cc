@@ -29,6 +29,49 @@ std::string context(const PackedRequest& r) {
          " groups, device " + std::to_string(r.device) + "): ";
 }
 
+// The varlen kernels (kernels/varlen.h) for a GroupedM call with row-major activations or
+// a GroupedK call with M-major A (x^T of row-major x) and row-major B (dY), 16-bit, where
+// the sm90 rule picks them: fills pl.varlen / pl.va and returns true.
+bool plan_varlen(const PackedRequest& r, const PackedDesc& d, PackedPlan& pl) {
+  varlen::Args& x = pl.va;
+  if (r.form == Form::GroupedM && d.a.major == kRowMajor) {
+    x.mode = varlen::Mode::M;
+    x.b_k_major = d.b.major == kColMajor;
+    x.ldd_batch = 0;
+  } else if (r.form == Form::GroupedK && d.a.major == kColMajor && d.b.major == kRowMajor) {
+    x.mode = varlen::Mode::K;
+    x.ldd_batch = d.c.bs;
+  } else {
+    return false;
+  }
+  x.a = reinterpret_cast<const void*>(d.a.ptr);
+  x.lda = d.a.ld;
+  x.b = reinterpret_cast<const void*>(d.b.ptr);
+  x.ldb = d.b.ld;
+  x.ldb_batch = d.b.bs;
+  x.d = reinterpret_cast<void*>(d.c.ptr);
+  x.ldd = d.c.ld;
+  x.offs = d.offs;
+  x.groups = int(d.groups);
+  x.m = int(d.m);
+  x.n = int(d.n);
+  x.k = int(d.k);
+  x.sm_count = pl.dev.sm_count;
+  x.device = pl.device;
+  x.stream = pl.stream;
+  Sm90Shape s;
+  s.form = r.form;
+  s.groups = d.groups;
+  s.m = d.m;
+  s.n = d.n;
+  s.k = d.k;
+  s.sm_count = pl.dev.sm_count;
+  if (!varlen::can_run(x) || !sm90_use_varlen(s)) return false;
+  pl.varlen = find_kernel(Engine::kSm90Varlen, r.dtype, r.out_dtype,
+                          x.mode == varlen::Mode::M ? "varlen_m" : "varlen_k");
+  return pl.varlen != nullptr;
+}
+
 PackedPlan plan_packed(const PackedRequest& r, const DevInfo& dev) {
   PackedPlan pl;
   pl.dev = dev;
@@ -59,6 +102,7 @@ PackedPlan plan_packed(const PackedRequest& r, const DevInfo& dev) {
   }
   pl.combo = combo_of(d.a.major, d.b.major);
   Engines en = engines(r.dtype, r.out_dtype, r.allow_tf32, dev);
+  if (en.has_primary && en.primary == Engine::kSm90Tma && plan_varlen(r, d, pl)) return pl;
   const char* config = "";
   if (en.has_primary && en.primary == Engine::kSm90Tma) {
     Sm90Shape s;
@@ -116,6 +160,13 @@ void launch(const PackedPlan& pl, uint64_t workspace, size_t workspace_bytes) {
                              " bytes given, " + std::to_string(need) + " needed");
   }
   if (workspace % 256 != 0) throw std::runtime_error("workspace must be 256-byte aligned");
+  if (pl.varlen != nullptr) {  // one launch: the kernel reads offs itself
+    varlen::Args x = pl.va;
+    x.err_flag = offs_flag(pl.device);
+    const std::string err = pl.varlen->run_varlen(x);
+    if (!err.empty()) throw std::runtime_error(err);
+    return;
+  }
   const int64_t G = pl.d.groups;
   PackedDesc d = pl.d;
   const size_t set = round_up(set_bytes(G), 256);

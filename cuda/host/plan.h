@@ -21,6 +21,10 @@ struct Operand;
 OpDesc op_desc(const Operand& o);
 
 struct PackedPlan {
+  // Set when the call runs on groupmm's own varlen kernels (kernels/varlen.h): then the
+  // rest of the plan is unused: no argument builder, no sets, no workspace.
+  const KernelEntry* varlen = nullptr;
+  varlen::Args va;
   PackedDesc d;  // what the argument builder reads (its sets are placed at launch)
   Kernels k;
   int combo = 0;
@@ -33,7 +37,9 @@ struct PackedPlan {
   cudaStream_t stream = nullptr;
 
   // Workspace bytes of the launch (sets, then the kernel's workspace, 256-byte aligned).
-  size_t workspace_bytes() const { return args_bytes + round_up(cutlass_bytes, 256); }
+  size_t workspace_bytes() const {
+    return varlen != nullptr ? 0 : args_bytes + round_up(cutlass_bytes, 256);
+  }
 };
 
 // One set of the list form's argument block: the groups of one kernel and layout

@@ -6,6 +6,7 @@
 #pragma once
 #include "device/gemm_set.h"
 #include "device/types.h"
+#include "kernels/varlen.h"
 
 #include <cstddef>
 #include <cstdint>
@@ -21,6 +22,7 @@ enum class Engine : int {
   kF32Simt,      // CUTLASS 2.x grouped, float32 SIMT (full fp32)
   kTf32,         // CUTLASS 2.x grouped, float32 on TF32 tensor cores
   kF64,          // CUTLASS 2.x grouped, float64 tensor cores
+  kSm90Varlen,   // groupmm's own sm_90a kernels for the packed MoE forms (kernels/varlen.h)
 };
 
 // One kernel family: runs the problems of a GemmSet for each of the four A/B layout
@@ -35,8 +37,11 @@ struct KernelEntry {
   // when it needs none.
   size_t (*workspace_bytes)(int combo, int64_t count, int sm_count);
   // Runs the problems of `s` on ctx.stream: "" on success, else a message that names the
-  // kernel and the failed call.
+  // kernel and the failed call. Null for kSm90Varlen.
   std::string (*run)(int combo, const GemmSet& s, const RunCtx& ctx);
+  // kSm90Varlen only (`config` "varlen_m" or "varlen_k"): runs one packed call, reading
+  // offs on the device itself (no GemmSet, no argument builder, no workspace).
+  std::string (*run_varlen)(const varlen::Args& x) = nullptr;
 };
 
 // The entries of one kernels/<stem>.cu file.

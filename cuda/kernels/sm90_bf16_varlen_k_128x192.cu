@@ -1,0 +1,14 @@
+// groupmm's varlen-K kernel (GroupedK: dW), bf16, 128 x 192 tiles. Compiled only for sm_90a
+// (build.rs). See kernels/varlen_sm90.cuh.
+#include "kernels/registry.h"
+#include "kernels/varlen_sm90.cuh"
+
+namespace gmm {
+namespace {
+std::string run_k(const varlen::Args& x) {
+  return varlen::run<varlen::Cfg<cutlass::bfloat16_t, varlen::Mode::K, false, 192>>(x);
+}
+}  // namespace
+GMM_KERNEL_LIST(sm90_bf16_varlen_k_128x192,
+                {Engine::kSm90Varlen, DType::BF16, DType::BF16, "varlen_k", nullptr, nullptr, run_k})
+}  // namespace gmm
