@@ -195,6 +195,9 @@ pub trait Memory {
 
     /// A workspace of at least `bytes` (256-byte aligned) for a launch on `stream`;
     /// under graph capture (`capturing`) fresh memory of the graph, never a kept block.
+    /// Zero-filled when allocated (stream-ordered): the CUTLASS ptr-array kernels' tensor
+    /// maps live there, and the first copy into each is seen as a read of never-written
+    /// memory by compute-sanitizer's initcheck (issue 14; cuda/NOTES.md).
     fn workspace(
         &mut self,
         _device: i32,
@@ -205,7 +208,8 @@ pub trait Memory {
         Err(no_cuda_memory())
     }
 
-    /// Fresh device memory of `bytes` (256-byte aligned), stream-ordered.
+    /// Fresh, zero-filled device memory of `bytes` (256-byte aligned), stream-ordered (a
+    /// kernel workspace; see `workspace`).
     fn device_bytes(&mut self, _device: i32, _bytes: usize) -> Result<u64> {
         Err(no_cuda_memory())
     }

@@ -195,15 +195,21 @@ impl<'py> PyMem<'py> {
             .ok_or_else(|| Error::Cuda("internal: torch is not imported".into()))
     }
 
-    /// `like.new_empty([bytes], dtype=torch.uint8)`, kept for the call.
-    fn uint8(&mut self, bytes: usize) -> Result<(u64, Bound<'py, PyAny>)> {
+    /// `like.new_empty([bytes], dtype=torch.uint8)` (`new_zeros` when `zeroed`: a memset
+    /// on the current stream), kept for the call.
+    fn uint8(&mut self, bytes: usize, zeroed: bool) -> Result<(u64, Bound<'py, PyAny>)> {
         let t = self.torch()?;
         let kw = PyDict::new(self.py);
         kw.set_item(intern!(self.py, "dtype"), t.uint8.bind(self.py))
             .map_err(|e| self.fail(e))?;
+        let make = if zeroed {
+            intern!(self.py, "new_zeros")
+        } else {
+            intern!(self.py, "new_empty")
+        };
         let obj = self
             .like()?
-            .call_method(intern!(self.py, "new_empty"), (vec![bytes],), Some(&kw))
+            .call_method(make, (vec![bytes],), Some(&kw))
             .map_err(|e| self.fail(e))?;
         let ptr = self.data_ptr(&obj)?;
         self.keep.push(obj.clone());
@@ -359,7 +365,7 @@ impl<'py> Memory for PyMem<'py> {
         capturing: bool,
     ) -> Result<u64> {
         if capturing {
-            return Ok(self.uint8(bytes)?.0);
+            return Ok(self.uint8(bytes, true)?.0);
         }
         let old = workspaces()
             .iter()
@@ -367,7 +373,7 @@ impl<'py> Memory for PyMem<'py> {
             .map_or(0, |w| w.bytes);
         // Grow geometrically so that a run of growing group counts allocates few times.
         let bytes = bytes.max(old + old / 2).next_multiple_of(4096);
-        let (ptr, t) = self.uint8(bytes)?;
+        let (ptr, t) = self.uint8(bytes, true)?;
         let evicted: Vec<CachedWorkspace> = {
             let mut cache = workspaces();
             let mut evicted = Vec::new();
@@ -394,7 +400,7 @@ impl<'py> Memory for PyMem<'py> {
     }
 
     fn device_bytes(&mut self, _device: i32, bytes: usize) -> Result<u64> {
-        Ok(self.uint8(bytes)?.0)
+        Ok(self.uint8(bytes, true)?.0)
     }
 
     fn upload(
@@ -419,10 +425,12 @@ impl<'py> Memory for PyMem<'py> {
         // SAFETY: `pinned` is a live uint8 tensor of `bytes` bytes that nothing else
         // references yet.
         fill(unsafe { std::slice::from_raw_parts_mut(host, bytes) })?;
-        let (dev_ptr, dev) = self.uint8(bytes)?;
-        let _ = device; // `like` is on `device`: every operand is
-                        // torch's copy records the pinned block's use, so its caching host allocator will
-                        // not hand it out again before the copy has run.
+        // `like` is on `device` (every operand is): the block goes there, entirely
+        // written by the copy below.
+        let _ = device;
+        let (dev_ptr, dev) = self.uint8(bytes, false)?;
+        // torch's copy records the pinned block's use, so its caching host allocator will
+        // not hand it out again before the copy has run.
         let kw = PyDict::new(py);
         kw.set_item(intern!(py, "non_blocking"), true)
             .map_err(|e| self.fail(e))?;
