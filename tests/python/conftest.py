@@ -46,6 +46,11 @@ def _cuda_build() -> bool:
 #: a GPU and a groupmm built with CUDA (a CPU-only build refuses cuda tensors by design)
 HAS_CUDA = torch.cuda.is_available() and _cuda_build()
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+#: ``pytestmark`` of a module whose every test needs the GPU
+CUDA_ONLY = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU and a CUDA build of groupmm"),
+]
 
 
 def pytest_collection_modifyitems(config, items):

@@ -9,14 +9,9 @@ import threading
 import groupmm
 import pytest
 import torch
+from conftest import CUDA_ONLY
 
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(
-        not (torch.cuda.is_available() and groupmm.build_info()["cuda"]),
-        reason="needs a CUDA GPU and a CUDA build of groupmm",
-    ),
-]
+pytestmark = CUDA_ONLY
 
 DEV = "cuda"
 
