@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On a GPU machine with torch: install a prebuilt groupmm wheel, run the whole test suite
-# (CUDA tests included), compute-sanitizer (memcheck, racecheck, synccheck) and the
-# benchmark; print a summary table last.
+# (CUDA tests included), compute-sanitizer (memcheck, racecheck, synccheck, initcheck over
+# every kernel path: scripts/sanitize.sh) and the benchmark; print a summary table last.
 #   bash scripts/gpu-check.sh [WHEEL_DIR] [--no-bench] [--quick-bench]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -12,7 +12,7 @@ export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --target /tmp/site "$whl_dir"/*.whl || exit 2
 export PYTHONPATH=/tmp/site
 declare -A res
-STEPS=${STEPS:-info demo pytest memcheck racecheck synccheck bench}
+STEPS=${STEPS:-info demo pytest sanitize bench}
 step() {  # name, command...  (only the names listed in $STEPS run)
   local name=$1; shift
   case " $STEPS " in *" $name "*) ;; *) return 0 ;; esac
@@ -21,15 +21,13 @@ step() {  # name, command...  (only the names listed in $STEPS run)
   "$@" > "$OUT/$name.log" 2>&1
   local rc=$?
   tail -n 25 "$OUT/$name.log"
-  res[$name]="rc=$rc $(( $(date +%s) - t0 ))s $(grep -E -o '[0-9]+ passed[^=]*|ERROR SUMMARY: [0-9]+ errors?|RACECHECK SUMMARY: [0-9]+ hazards?[^\n]*|demo: [a-z ]+' "$OUT/$name.log" | tail -n 1)"
+  res[$name]="rc=$rc $(( $(date +%s) - t0 ))s $(grep -E -o '[0-9]+ passed[^=]*|demo: [a-z ]+' "$OUT/$name.log" | tail -n 1)"
 }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 step info python3 -c "import groupmm, torch; print(groupmm.build_info(), torch.__version__, torch.cuda.get_device_name())"
 step demo python3 -m groupmm.demo
 step pytest python3 -m pytest -q -p no:cacheprovider ${PYTEST_TARGETS:-tests/python}
-step memcheck timeout ${SAN_TIMEOUT:-300} compute-sanitizer --tool memcheck --error-exitcode 9 python3 scripts/sanitize_cases.py
-step racecheck timeout ${SAN_TIMEOUT:-300} compute-sanitizer --tool racecheck --error-exitcode 9 python3 scripts/sanitize_cases.py
-step synccheck timeout ${SAN_TIMEOUT:-300} compute-sanitizer --tool synccheck --error-exitcode 9 python3 scripts/sanitize_cases.py
+step sanitize env OUT="$OUT/sanitize" bash scripts/sanitize.sh
 case " $* " in
   *" --no-bench "*) ;;
   *" --quick-bench "*) step bench python3 benches/bench_gpu.py --quick --json "$OUT/bench.json" --png "$OUT/bench.png" ;;
@@ -37,6 +35,7 @@ case " $* " in
 esac
 echo
 echo "== summary ($(nvidia-smi --query-gpu=name --format=csv,noheader | head -1))"
-for k in info demo pytest memcheck racecheck synccheck bench; do
+for k in info demo pytest sanitize bench; do
   [ -n "${res[$k]:-}" ] && printf '%-10s %s\n' "$k" "${res[$k]}"
 done
+[ -f "$OUT/sanitize.log" ] && grep -E "^(memcheck|racecheck|synccheck|initcheck):" "$OUT/sanitize.log"

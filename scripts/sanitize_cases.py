@@ -1,6 +1,7 @@
-"""Small CUDA cases for compute-sanitizer (memcheck, racecheck, synccheck): every form and
-dtype, forward and backward, the list form, K = 0, and bad offs (decreasing, negative,
-past the end) that must never read or write out of bounds.
+"""Small CUDA cases for compute-sanitizer (memcheck, racecheck, synccheck, initcheck; run by
+scripts/sanitize.sh): every form and dtype, forward and backward, the list form (issue 14's
+smallest calls among them), K = 0, 16-bit groups at the varlen tile's boundaries, and bad
+offs (decreasing, negative, past the end) that must never read or write out of bounds.
 
     compute-sanitizer --tool memcheck --error-exitcode 9 python3 scripts/sanitize_cases.py
 """
@@ -41,6 +42,31 @@ def main() -> int:
             for k, n_ in [(5, 2), (4, 3), (0, 5), (9, 8)]
         ]
         groupmm.grouped_mm(As, Bs)
+        n += 1
+    bf = torch.bfloat16
+    # issue 14's smallest calls: a one-group and a three-group list, a small packed product
+    groupmm.grouped_mm(
+        [torch.randn(8, 64, device=dev, dtype=bf)], [torch.randn(64, 64, device=dev, dtype=bf)]
+    )
+    groupmm.grouped_mm(
+        [torch.randn(m, 64, device=dev, dtype=bf) for m in (5, 17, 40)],
+        [torch.randn(64, 32, device=dev, dtype=bf) for _ in range(3)],
+    )
+    offs = torch.tensor([5, 22, 62], device=dev, dtype=torch.int32)
+    groupmm.grouped_mm(
+        torch.randn(96, 64, device=dev, dtype=bf),
+        torch.randn(3, 64, 32, device=dev, dtype=bf),
+        offs=offs,
+    )
+    n += 3
+    # 16-byte-aligned 16-bit groups around the 128-row tile (the varlen / sm90 paths)
+    for dtype in (torch.bfloat16, torch.float16):
+        sizes = [0, 1, 127, 128, 129, 0, 200]
+        offs = torch.tensor(sizes, device=dev).cumsum(0).to(torch.int32)
+        T = sum(sizes) + 5
+        a = torch.randn(T, 64, device=dev, dtype=dtype, requires_grad=True)
+        b = torch.randn(len(sizes), 64, 128, device=dev, dtype=dtype, requires_grad=True)
+        groupmm.grouped_mm(a, b, offs=offs).backward(torch.randn(T, 128, device=dev, dtype=dtype))
         n += 1
     x = torch.randn(20, 16, device=dev, dtype=torch.bfloat16)
     w = torch.randn(3, 16, 8, device=dev, dtype=torch.bfloat16)

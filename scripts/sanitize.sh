@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# compute-sanitizer over groupmm's CUDA case list (scripts/sanitize_cases.py): memcheck,
+# racecheck, synccheck and initcheck, once per kernel path (groupmm's varlen kernels, and
+# the CUTLASS ptr-array kernels in each sm90 tile configuration, which the case list's
+# shapes reach with GROUPMM_SM90_VARLEN=0 / GROUPMM_SM90_CONFIG), every form and dtype.
+# Prints one summary line per tool and exits non-zero on any report (or a tool failure).
+#
+#   bash scripts/sanitize.sh                     # all tools, all paths
+#   TOOLS="memcheck initcheck" PATHS=varlen bash scripts/sanitize.sh
+#
+# Every buffer is a fresh allocation (PYTORCH_NO_CUDA_MEMORY_CACHING=1), so initcheck sees
+# memory nothing has written. Run it with groupmm importable (e.g. PYTHONPATH=/tmp/site).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/sanitize}
+mkdir -p "$OUT"
+TOOLS=${TOOLS:-memcheck racecheck synccheck initcheck}
+PATHS=${PATHS:-varlen 128x256 128x128 ping64x128}
+LIMIT=${SAN_TIMEOUT:-600}
+status=0
+for tool in $TOOLS; do
+  total=0 runs=0 failed=0
+  for path in $PATHS; do
+    if [ "$path" = varlen ]; then env=(GROUPMM_SM90_VARLEN=auto); else env=(GROUPMM_SM90_VARLEN=0 GROUPMM_SM90_CONFIG="$path"); fi
+    log="$OUT/$tool-$path.log"
+    env "${env[@]}" PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "$LIMIT" \
+      compute-sanitizer --tool "$tool" --error-exitcode 9 --print-limit 20 --show-backtrace yes \
+      python3 scripts/sanitize_cases.py > "$log" 2>&1
+    rc=$?
+    runs=$((runs + 1))
+    n=$(grep -Eo '(ERROR|RACECHECK) SUMMARY: [0-9]+' "$log" | grep -Eo '[0-9]+$' | tail -n 1)
+    total=$((total + ${n:-0}))
+    if [ $rc -ne 0 ] || ! grep -q "sanitize cases:" "$log"; then failed=$((failed + 1)); fi
+  done
+  echo "$tool: $total reports over $runs runs ($PATHS)$([ $failed -gt 0 ] && echo ", $failed runs failed: see $OUT/$tool-*.log")"
+  if [ $total -ne 0 ] || [ $failed -ne 0 ]; then status=1; fi
+done
+exit $status
