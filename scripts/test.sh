@@ -5,9 +5,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 echo "== cargo fmt --check"; cargo fmt --check
-echo "== cargo clippy"; cargo clippy --all-targets -- -D warnings
-cargo clippy --all-targets --features python -- -D warnings
-echo "== cargo test"; cargo test
+# Cargo.lock is resolved against Debian's packaged crates (scripts/fetch-crates.sh): hold
+# cargo to it there; where cargo reaches the Rust package registry itself, it may add the
+# platform crates Debian's packages leave out, so the lock is not enforced.
+locked=()
+[ -f vendor/crates/.complete ] && locked=(--locked)
+echo "== cargo clippy"; cargo clippy "${locked[@]}" --all-targets -- -D warnings
+cargo clippy "${locked[@]}" --all-targets --features python -- -D warnings
+echo "== cargo test"; cargo test "${locked[@]}"
 echo "== ruff"; "$PY" -m ruff check python tests benches scripts examples
 "$PY" -m ruff format --check python tests benches scripts examples
 echo "== stubtest (python/groupmm/_native.pyi against the built extension)"
