@@ -71,6 +71,22 @@ def _floor(a, b, offs=None):
     return a.new_empty((a.shape[0], b.shape[-1]))
 
 
+def per_call_us(fn, calls, repeats=1, sync=torch.cuda.synchronize):
+    """Median host µs per call of `fn` over `repeats` runs of `calls` calls issued without a
+    sync (the GPU work is tiny, so the host is the bottleneck); shared with bench_gpu.py."""
+    for _ in range(min(200, calls)):
+        fn()
+    runs = []
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter_ns()
+        for _ in range(calls):
+            fn()
+        sync()
+        runs.append((time.perf_counter_ns() - t0) / calls / 1e3)
+    return statistics.median(runs)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -85,17 +101,7 @@ def main():
     sync = torch.cuda.synchronize if dev.startswith("cuda") else (lambda: None)
 
     def per_call(fn):
-        for _ in range(min(200, args.calls)):
-            fn()
-        runs = []
-        for _ in range(args.repeats):
-            sync()
-            t0 = time.perf_counter_ns()
-            for _ in range(args.calls):
-                fn()
-            sync()
-            runs.append((time.perf_counter_ns() - t0) / args.calls / 1e3)
-        return statistics.median(runs)
+        return per_call_us(fn, args.calls, args.repeats, sync)
 
     g = torch.Generator(device="cpu").manual_seed(0)
     x = torch.randn(T, K, generator=g).to(dev, dt)
