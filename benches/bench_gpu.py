@@ -35,7 +35,7 @@ import sys
 
 import groupmm
 import torch
-from host_cost import per_call as host_per_call  # benches/host_cost.py, same folder
+from host_cost import per_call_us  # benches/host_cost.py, same folder
 
 try:  # quack-kernels (the grouped GEMM of SonicMoE): optional peer
     from quack.gemm_config import GemmConfig as _QuackConfig
@@ -309,7 +309,7 @@ def host_cost(torch_gmm, n=2000):
     gy = torch.randn(T, N, device=dev, dtype=torch.bfloat16)
 
     def per_call(fn):
-        return host_per_call(fn, n)
+        return per_call_us(fn, n)
 
     res = {
         "groupmm fwd": per_call(lambda: groupmm.grouped_mm(x, w, offs=offs)),
