@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from typing import Callable, Dict, List, Optional
 
 import groupmm
 import torch
 import torch.nn.functional as F
+from timing import median_ms  # benches/timing.py, same folder
 
 I32 = torch.int32
 
@@ -173,17 +172,6 @@ def impl_torch_grouped(p: Problem, d: dict, backward: bool) -> Optional[Callable
     return run
 
 
-def median_ms(fn: Callable[[], None], warmup: int, runs: int) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
-
-
 # --------------------------------------------------------------------------- main
 
 
@@ -216,10 +204,10 @@ def main(argv=None) -> int:
             for backward in (False, True):
                 d = make_inputs(p, dtype, backward)
                 flops = p.flops() * (3 if backward else 1)
-                t_g = median_ms(impl_groupmm(p, d, backward), args.warmup, args.runs)
-                t_l = median_ms(impl_loop(p, d, backward), args.warmup, args.runs)
+                t_g = median_ms(impl_groupmm(p, d, backward), args.runs, args.warmup, cuda=False)
+                t_l = median_ms(impl_loop(p, d, backward), args.runs, args.warmup, cuda=False)
                 tgf = impl_torch_grouped(p, d, backward)
-                t_t = median_ms(tgf, args.warmup, args.runs) if tgf else None
+                t_t = median_ms(tgf, args.runs, args.warmup, cuda=False) if tgf else None
                 row = dict(
                     problem=p.name,
                     dtype=str(dtype).replace("torch.", ""),

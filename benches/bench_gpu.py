@@ -30,12 +30,12 @@ the sum of the three for fwd+bwd). "of roofline" is bound time over measured tim
 import argparse
 import json
 import math
-import statistics
 import sys
 
 import groupmm
 import torch
 from host_cost import per_call_us  # benches/host_cost.py, same folder
+from timing import median_ms  # benches/timing.py, same folder
 
 try:  # quack-kernels (the grouped GEMM of SonicMoE): optional peer
     from quack.gemm_config import GemmConfig as _QuackConfig
@@ -83,26 +83,12 @@ def counts_for(E: int, T: int, routing: str) -> list:
 
 
 def bench(fn, reps: int, warmup: int = 5) -> float:
-    """Median milliseconds per call of fn() over reps calls, CUDA events around each call.
-
-    Calls are issued back to back with no host sync between them (as in a training
-    step, and as triton's do_bench does), so the host's launch cost is hidden whenever
-    it is shorter than the GPU work; the host cost is measured on its own in
-    host_cost(). With --isolated, the host waits for each call to finish before issuing
-    the next, which puts the launch latency inside every timed call."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for i in range(reps):
-        starts[i].record()
-        fn()
-        ends[i].record()
-        if ISOLATED:
-            ends[i].synchronize()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+    """Median milliseconds per call of fn() over reps calls (benches/timing.py): CUDA
+    events around each call, calls issued back to back with no host sync between them,
+    so the host's launch cost is hidden whenever it is shorter than the GPU work; the
+    host cost is measured on its own in host_cost(). With --isolated, the host waits for
+    each call to finish before issuing the next."""
+    return median_ms(fn, reps, warmup, isolated=ISOLATED)
 
 
 ISOLATED = False

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 import traceback
@@ -41,6 +40,7 @@ import traceback
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
+from timing import median_ms  # noqa: E402  (benches/timing.py, same folder)
 
 CONFIGS = {
     # name: (config class name, kwargs)
@@ -127,24 +127,7 @@ def moe_block(model):
 
 def timer(device: str, reps: int, warmup: int):
     def run(step) -> float:
-        for _ in range(warmup):
-            step()
-        if device == "cuda":
-            torch.cuda.synchronize()
-            starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-            ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-            for i in range(reps):
-                starts[i].record()
-                step()
-                ends[i].record()
-            torch.cuda.synchronize()
-            return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            step()
-            times.append((time.perf_counter() - t0) * 1e3)
-        return statistics.median(times)
+        return median_ms(step, reps, warmup, cuda=device == "cuda")
 
     return run
 
