@@ -38,4 +38,4 @@ echo "== summary ($(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 for k in info demo pytest sanitize bench; do
   [ -n "${res[$k]:-}" ] && printf '%-10s %s\n' "$k" "${res[$k]}"
 done
-[ -f "$OUT/sanitize.log" ] && grep -E "^(memcheck|racecheck|synccheck|initcheck):" "$OUT/sanitize.log"
+[ -f "$OUT/sanitize.log" ] && grep -E "^(memcheck|racecheck|synccheck|initcheck|unwritten):" "$OUT/sanitize.log"
