@@ -219,13 +219,13 @@ def permute(
     experts = torch.arange(num_experts, device=device, dtype=torch.long)
     ends = torch.searchsorted(sorted_ids, experts, right=True)  # int64 [E]
     counts = torch.diff(ends, prepend=ends.new_zeros(1))
-    source = tokens[order // top_k]  # row i = token of the i-th sorted assignment
+    src = order // top_k  # row i = token of the i-th sorted assignment
     n = flat.numel()
 
     if pad_to is None or pad_to == 1:
         dest = torch.arange(n, device=device)
-        sorted_tokens = source
         offs = ends
+        capacity = None
     else:
         padded = (counts + pad_to - 1) // pad_to * pad_to
         offs = torch.cumsum(padded, dim=0)
@@ -234,10 +234,82 @@ def permute(
         # sorted position i of expert e lands at padded_starts[e] + (i - starts[e]).
         dest = torch.arange(n, device=device) + (padded_starts - starts)[sorted_ids]
         capacity = n + num_experts * (pad_to - 1)
-        sorted_tokens = tokens.new_zeros(capacity, tokens.shape[1]).index_copy(0, dest, source)
 
     inverse = torch.empty_like(dest).scatter(0, order, dest).view(num_tokens, top_k)
+    sorted_tokens = _Dispatch.apply(tokens, src, dest, inverse, capacity)
     return Permuted(sorted_tokens, offs.to(torch.int32), inverse, counts)
+
+
+class _Dispatch(torch.autograd.Function):
+    """``rows[dest[i]] = tokens[src[i]]``: token copies in expert order (zero rows where
+    padding leaves gaps). Backward: ``grad_tokens[t] = sum_j grad[inverse[t, j]]``, ``k``
+    gathers of ``[T, D]`` summed in float32 or wider, deterministic, instead of autograd's
+    ``index_put(accumulate=True)`` (which sorts the indices and adds atomically); no
+    ``[T*k, D]`` temporary."""
+
+    @staticmethod
+    def forward(ctx, tokens, src, dest, inverse, capacity):
+        ctx.save_for_backward(inverse)
+        rows = tokens.index_select(0, src)
+        if capacity is None:
+            return rows
+        return rows.new_zeros(capacity, tokens.shape[1]).index_copy_(0, dest, rows)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (inverse,) = ctx.saved_tensors
+        acc = torch.promote_types(grad.dtype, torch.float32)
+        out = grad.index_select(0, inverse[:, 0]).to(acc)
+        for j in range(1, inverse.shape[1]):
+            out = out + grad.index_select(0, inverse[:, j])
+        return out.to(grad.dtype), None, None, None, None
+
+
+class _Combine(torch.autograd.Function):
+    """``out[t] = sum_j w[t, j] * y[inverse[t, j]]`` (unweighted without ``w``): one
+    gather and one batched ``[1, k] x [k, D]`` product. Backward without
+    ``index_put``, deterministic, one ``[R, D]`` temporary at a time: ``grad_w[t, j] =
+    <grad[t], y[inverse[t, j]]>`` (a gather and a batched product), then ``grad_y`` in
+    row order as one gather of ``grad`` by each row's token, scaled in place by the
+    row's weight (rows no assignment names, i.e. padding, get weight 0)."""
+
+    @staticmethod
+    def forward(ctx, y, inverse, w):
+        ctx.save_for_backward(y, inverse, w)
+        num_tokens, top_k = inverse.shape
+        rows = y.index_select(0, inverse.reshape(-1)).view(num_tokens, top_k, y.shape[1])
+        if w is None:
+            return rows.sum(dim=1)
+        return torch.bmm(w.to(y.dtype).unsqueeze(1), rows).squeeze(1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        y, inverse, w = ctx.saved_tensors
+        num_tokens, top_k = inverse.shape
+        flat = inverse.reshape(-1)
+        dy = dw = None
+        if w is not None and ctx.needs_input_grad[2]:
+            rows = y.index_select(0, flat).view(num_tokens, top_k, y.shape[1])
+            dw = torch.bmm(rows, grad.to(y.dtype).unsqueeze(2)).squeeze(2).to(w.dtype)
+            del rows
+        if ctx.needs_input_grad[0]:
+            n, rows_y = flat.numel(), y.shape[0]
+            if n == 0:  # no tokens: only padding rows
+                return grad.new_zeros(y.shape), None, dw
+            # assignment of each row (the inverse permutation); padding rows: n, weight 0
+            ids = torch.arange(n, device=flat.device)
+            assign = flat.new_full((rows_y,), n).scatter_(0, flat, ids)
+            scale = None if w is None else w.reshape(-1).to(grad.dtype)
+            if rows_y != n:
+                base = grad.new_ones(n) if scale is None else scale
+                scale = torch.cat([base, base.new_zeros(1)]).index_select(0, assign)
+                assign = assign.clamp(max=n - 1)
+            elif scale is not None:
+                scale = scale.index_select(0, assign)
+            dy = grad.index_select(0, torch.div(assign, top_k, rounding_mode="floor"))
+            if scale is not None:
+                dy.mul_(scale.unsqueeze(1))  # in place: index_select keeps no output
+        return dy, None, dw
 
 
 def unpermute(
@@ -271,10 +343,8 @@ def unpermute(
             f"inverse: expected a tensor on {expert_out.device} (the device of expert_out), "
             f"found one on {inverse.device}"
         )
-    num_tokens, top_k = inverse.shape
-    rows = expert_out[inverse.reshape(-1)].view(num_tokens, top_k, expert_out.shape[1])
     if gate_weights is None:
-        return rows.sum(dim=1)
+        return _Combine.apply(expert_out, inverse, None)
     _check_tensor("gate_weights", gate_weights)
     if gate_weights.dim() == 1:
         gate_weights = gate_weights.unsqueeze(1)
@@ -283,8 +353,7 @@ def unpermute(
             f"gate_weights: expected shape {list(inverse.shape)} (the shape of inverse), "
             f"found {list(gate_weights.shape)}"
         )
-    w = gate_weights.to(expert_out.dtype).unsqueeze(1)  # [T, 1, k]
-    return torch.bmm(w, rows).squeeze(1)
+    return _Combine.apply(expert_out, inverse, gate_weights)
 
 
 class MoELayer(nn.Module):

@@ -344,6 +344,47 @@ def test_permute_is_differentiable() -> None:
     assert torch.autograd.gradcheck(f, (x, w))
 
 
+@pytest.mark.parametrize("pad_to", [None, 4])
+@pytest.mark.parametrize("weighted", [True, False])
+def test_permute_unpermute_double_backward(pad_to: int | None, weighted: bool) -> None:
+    torch.manual_seed(6)
+    x = torch.randn(6, 3, dtype=F64, requires_grad=True)
+    ids = torch.randint(0, 3, (6, 2))
+    w = torch.rand(6, 2, dtype=F64, requires_grad=True)
+
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        p = permute(x, ids, 3, pad_to=pad_to)
+        return unpermute(p.tokens * p.tokens, p.inverse, w if weighted else None)
+
+    assert torch.autograd.gradcheck(f, (x, w))
+    assert torch.autograd.gradgradcheck(f, (x, w))
+
+
+def test_moe_layer_backward_has_no_index_put() -> None:
+    """The glue's backward is gathers, sums and one index_copy: no index_put (which sorts
+    and adds atomically on GPU) and no scatter_add anywhere in forward or backward."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen: list = []
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(7)
+    layer = MoELayer(8, 16, 4, 2, aux_loss_coef=0.0, dtype=F64)
+    x = torch.randn(10, 8, dtype=F64, requires_grad=True)
+    with Ops():
+        layer(x).square().sum().backward()
+    assert seen and not [op for op in seen if "index_put" in op or "scatter_add" in op]
+    ref = MoELayer(8, 16, 4, 2, aux_loss_coef=0.0, dtype=F64)
+    ref.load_state_dict(layer.state_dict())
+    x2 = x.detach().clone().requires_grad_()
+    ref(x2).square().sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad, rtol=0, atol=0)
+
+
 def test_permute_bad_args() -> None:
     # the core's rule: the message starts with the argument's name; ValueError for
     # shapes/values, TypeError for types/dtypes, RuntimeError for devices

@@ -89,6 +89,7 @@ import torch
 from torch import Tensor
 
 from .. import grouped_mm
+from ..moe import _Dispatch
 from . import _expert_mm
 
 __all__ = ["NAME", "enable", "groupmm_experts_forward", "is_registered", "register"]
@@ -327,23 +328,6 @@ def _route(top_k_index: Tensor, top_k_weights: Tensor, num_experts: int) -> _Rou
 # --------------------------------------------------------------------------- autograd pieces
 
 
-class _Dispatch(torch.autograd.Function):
-    """``x[src]``: token rows in expert order. Backward: ``grad_x[t] = sum_j
-    grad[inverse[t, j]]``, a gather and a sum (deterministic, no index_put)."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, src: Tensor, inverse: Tensor) -> Tensor:
-        ctx.save_for_backward(inverse)
-        return x.index_select(0, src)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        (inverse,) = ctx.saved_tensors
-        num_tokens, top_k = inverse.shape
-        rows = grad.index_select(0, inverse.reshape(-1))
-        return rows.view(num_tokens, top_k, grad.shape[-1]).sum(1), None, None
-
-
 class _GroupBias(torch.autograd.Function):
     """``h + bias[expert]`` per sorted row; the bias gradient is a per-group column sum,
     computed as one grouped product ``ones[1, S] · grad`` (rows past ``offs[-1]``, the
@@ -429,7 +413,7 @@ def _routed_experts(module, layout: _Layout, hidden_states: Tensor, route: _Rout
     it with ``hidden_states``, ``route.src``/``route.inverse``/``route.offs`` and the
     weights in their stored layout, and keep the code below for the rest.
     """
-    xs = _Dispatch.apply(hidden_states, route.src, route.inverse)
+    xs = _Dispatch.apply(hidden_states, route.src, None, route.inverse, None)
     h = _linear(xs, layout.w_in, route.offs, layout.transposed)
     if layout.b_in is not None:
         h = _GroupBias.apply(h, layout.b_in.to(h.dtype), route.expert, route.offs)
