@@ -28,7 +28,8 @@
 //! For every form, `dA = grouped_mm(dC, bᵀ, offs)` and `dB = grouped_mm(aᵀ, dC, offs)`,
 //! where `ᵀ` swaps the last two dimensions (a stride swap, no copy). The form of each
 //! product follows from the dimensions, so [`backward_layouts`] is all the backward
-//! needs.
+//! needs. A column-major operand (a transposed view) gets its gradient in its own
+//! layout, computed as `dAᵀ = grouped_mm(b, dCᵀ)` / `dBᵀ = grouped_mm(dCᵀ, a)`.
 
 use crate::dtype::DType;
 use crate::error::{shape_err, Error, Result};
@@ -650,13 +651,42 @@ impl Transposable for Layout {
     }
 }
 
-/// The operands of the two backward products: `dA = (dC, bᵀ)` and `dB = (aᵀ, dC)`,
-/// each to be run through the forward rules with the same `offs`.
-pub fn backward_layouts<T: Transposable>(grad: &T, a: &T, b: &T) -> [(T, T); 2] {
-    [
-        (grad.clone(), b.transposed()),
-        (a.transposed(), grad.clone()),
-    ]
+/// Whether the last two dimensions of `l` are stored column by column (a transposed
+/// view, e.g. `w.transpose(-2, -1)` of `[E, N, K]` weights), both of them longer than 1.
+pub fn column_major(l: &Layout) -> bool {
+    let n = l.shape.len();
+    n >= 2
+        && l.shape[n - 2] > 1
+        && l.shape[n - 1] > 1
+        && l.strides[n - 2] == 1
+        && l.strides[n - 1] != 1
+}
+
+/// The operands of the two backward products, each to be run through the forward rules
+/// with the same `offs`, and whether it gives its gradient transposed: `dA = (dC, bᵀ)`
+/// and `dB = (aᵀ, dC)`; with `follow`, a column-major operand's gradient is computed
+/// transposed instead, `dAᵀ = (b, dCᵀ)` or `dBᵀ = (dCᵀ, a)`, which the face returns as a
+/// transposed view. The gradient then has the operand's own layout, as torch's grouped_mm
+/// backward gives it, and autograd keeps it without copying it into the parameter's
+/// layout (for `[E, N, K]` expert weights that copy was as long as the whole backward of
+/// a fine-grained MoE block's GEMMs).
+pub fn backward_layouts<T: Transposable + AsRef<Layout>>(
+    grad: &T,
+    a: &T,
+    b: &T,
+    follow: bool,
+) -> [(T, T, bool); 2] {
+    let da = if follow && column_major(a.as_ref()) {
+        (b.clone(), grad.transposed(), true)
+    } else {
+        (grad.clone(), b.transposed(), false)
+    };
+    let db = if follow && column_major(b.as_ref()) {
+        (grad.transposed(), a.clone(), true)
+    } else {
+        (a.transposed(), grad.clone(), false)
+    };
+    [da, db]
 }
 
 /// Checks that a user-supplied output has the expected shape and does not overlap
@@ -947,9 +977,28 @@ mod tests {
         ] {
             let p = plan_packed(&a, &b, offs).unwrap();
             let grad = c(&p.out_shape);
-            let [(ga, gb), (ha, hb)] = backward_layouts(&grad, &a, &b);
+            let [(ga, gb, ta), (ha, hb, tb)] = backward_layouts(&grad, &a, &b, true);
+            assert!(!ta && !tb);
             assert_eq!(plan_packed(&ga, &gb, offs).unwrap().out_shape, a.shape);
             assert_eq!(plan_packed(&ha, &hb, offs).unwrap().out_shape, b.shape);
+            // column-major operands: the transposed gradient, a valid form of its own
+            let (at, bt) = (
+                c(&a.transposed().shape).transposed(),
+                c(&b.transposed().shape).transposed(),
+            );
+            assert!(column_major(&at) && column_major(&bt));
+            let [(ga, gb, ta), (ha, hb, tb)] = backward_layouts(&grad, &at, &bt, true);
+            assert!(ta && tb);
+            assert_eq!(
+                plan_packed(&ga, &gb, offs).unwrap().out_shape,
+                a.transposed().shape
+            );
+            assert_eq!(
+                plan_packed(&ha, &hb, offs).unwrap().out_shape,
+                b.transposed().shape
+            );
+            let [(_, _, ta), (_, _, tb)] = backward_layouts(&grad, &at, &bt, false);
+            assert!(!ta && !tb);
         }
     }
 }

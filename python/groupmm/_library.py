@@ -146,12 +146,31 @@ def _grouped_mm_backward(
     )
 
 
+def column_major(x: Tensor) -> bool:
+    """The Rust rule ``shape::column_major`` (a packed gradient follows its operand's
+    layout): the last two dimensions stored column by column, both longer than 1."""
+    return (
+        x.dim() >= 2
+        and x.shape[-2] > 1
+        and x.shape[-1] > 1
+        and x.stride(-2) == 1
+        and x.stride(-1) != 1
+    )
+
+
+def _grad_like(x: Tensor) -> Tensor:
+    """An empty gradient of ``x`` in ``x``'s layout, as the packed backward returns it."""
+    if column_major(x):
+        return x.new_empty((*x.shape[:-2], x.shape[-1], x.shape[-2])).transpose(-2, -1)
+    return x.new_empty(x.shape)
+
+
 @_grouped_mm_backward.register_fake
 def _grouped_mm_backward_fake(grad, a, b, offs, need_a, need_b):
     packed_out_shape(a, b, offs)  # the forward's shape errors
     return (
-        a.new_empty(a.shape if need_a else (0,)),
-        b.new_empty(b.shape if need_b else (0,)),
+        _grad_like(a) if need_a else a.new_empty((0,)),
+        _grad_like(b) if need_b else b.new_empty((0,)),
     )
 
 

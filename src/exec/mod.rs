@@ -171,6 +171,19 @@ pub trait Memory {
         Err(no_cuda_memory())
     }
 
+    /// Whether [`Memory::transposed`] works: then a packed backward gives each gradient
+    /// in its operand's layout (`shape::backward_layouts`).
+    fn can_transpose(&self) -> bool {
+        false
+    }
+
+    /// The output `o` with its last two dimensions swapped (a view, no copy).
+    fn transposed(&mut self, _o: Self::Out) -> Result<Self::Out> {
+        Err(Error::Type(
+            "internal: this face cannot transpose an output".into(),
+        ))
+    }
+
     /// Copies `src` into `dst` on the device, stream-ordered (CUDA outputs that the
     /// kernels cannot write in place).
     fn copy_into(&mut self, _dst: &Self::Out, _src: &Self::Out) -> Result<()> {
@@ -352,22 +365,40 @@ pub unsafe fn packed_backward<M: Memory>(
     let dtype = out_dtype.unwrap_or(a.dtype);
     // Kernel-readable inputs, copied (CUDA) at most once for both products.
     let ops = Operands::prepare(mem, &[grad, a, b], offs)?;
-    let [(ga, gb), (ha, hb)] = shape::backward_layouts(&ops.t[0], &ops.t[1], &ops.t[2]);
+    // Layouts of the inputs as given (before any copy): the gradients follow them.
+    let follow = mem.can_transpose();
+    let [(_, _, ta), (_, _, tb)] = shape::backward_layouts(grad, a, b, follow);
+    let [(ga, gb, _), (ha, hb, _)] =
+        shape::backward_layouts(&ops.t[0], &ops.t[1], &ops.t[2], false);
+    let swap = |(x, y): (Tensor, Tensor), t: bool| {
+        if t {
+            (y.transposed(), x.transposed())
+        } else {
+            (x, y)
+        }
+    };
+    let (ga, gb) = swap((ga, gb), ta);
+    let (ha, hb) = swap((ha, hb), tb);
     let offs_len = offs.map(|o| o.layout.shape[0]);
-    let product = |mem: &mut M, x: &Tensor, y: &Tensor| -> Result<M::Out> {
+    let product = |mem: &mut M, x: &Tensor, y: &Tensor, t: bool| -> Result<M::Out> {
         let plan = shape::plan_packed(&x.layout, &y.layout, offs_len)?;
-        into_target(mem, None, &plan.out_shape, dtype, x.device, |mem, c| {
+        let o = into_target(mem, None, &plan.out_shape, dtype, x.device, |mem, c| {
             // SAFETY: forwarded contract; `c` is a fresh output.
             unsafe { run_packed(mem, &plan, x, y, ops.offs.as_ref(), offs_vals.as_deref(), c) }
-        })
+        })?;
+        if t {
+            mem.transposed(o)
+        } else {
+            Ok(o)
+        }
     };
     let da = if need_a {
-        Some(product(mem, &ga, &gb)?)
+        Some(product(mem, &ga, &gb, ta)?)
     } else {
         None
     };
     let db = if need_b {
-        Some(product(mem, &ha, &hb)?)
+        Some(product(mem, &ha, &hb, tb)?)
     } else {
         None
     };
@@ -517,7 +548,8 @@ pub unsafe fn list_backward<M: Memory>(
     let (a, b) = rest.split_at(g_len);
     let mut products: [(Vec<Tensor>, Vec<Tensor>); 2] = Default::default();
     for ((g, x), y) in grads.iter().zip(a).zip(b) {
-        let [(ga, gb), (ha, hb)] = shape::backward_layouts(g, x, y);
+        // list outputs are fresh per-group arrays: the gradients stay row-major
+        let [(ga, gb, _), (ha, hb, _)] = shape::backward_layouts(g, x, y, false);
         products[0].0.push(ga);
         products[0].1.push(gb);
         products[1].0.push(ha);

@@ -306,6 +306,16 @@ impl<'py> Memory for PyMem<'py> {
         Ok((ptr, layout))
     }
 
+    fn can_transpose(&self) -> bool {
+        true
+    }
+
+    fn transposed(&mut self, o: Self::Out) -> Result<Self::Out> {
+        // `swapaxes` is a view for torch tensors and numpy arrays alike
+        o.call_method1(intern!(self.py, "swapaxes"), (-2, -1))
+            .map_err(|e| self.fail(e))
+    }
+
     fn copy_into(&mut self, dst: &Self::Out, src: &Self::Out) -> Result<()> {
         dst.call_method1(intern!(self.py, "copy_"), (src,))
             .map_err(|e| self.fail(e))?;

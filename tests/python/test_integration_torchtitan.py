@@ -132,8 +132,8 @@ def test_the_seam_runs_on_groupmm(monkeypatch):
     import groupmm.integrations as gi
 
     calls = []
-    real = gi._ExpertMM.apply
-    monkeypatch.setattr(gi._ExpertMM, "apply", lambda *a: calls.append(1) or real(*a))
+    real = gi.grouped_mm
+    monkeypatch.setattr(gi, "grouped_mm", lambda *a, **k: calls.append(1) or real(*a, **k))
     module = StandInGroupedExperts(6, 4, 3)
     tt.enable(module)
     x, _ = _routed(rows=9, dim=6, counts=(2, 3, 1))

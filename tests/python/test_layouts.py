@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import F64, I32, make_list, make_packed, ref_grads, ref_packed
+from conftest import F64, I32, assert_close_rel, make_list, make_packed, ref_grads, ref_packed
 from groupmm import grouped_mm
 
 
@@ -143,3 +143,44 @@ def test_lazily_negated_inputs():
     _close(leaf.grad, rb)
     As, Bs = make_list([(3, 4, 5)], seed=8)
     _close(grouped_mm([torch._neg_view(As[0])], Bs)[0], -As[0] @ Bs[0])
+
+
+# ------------------------------------------------------- gradients follow the operand layout
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_packed_gradients_follow_operand_layout(dtype: torch.dtype) -> None:
+    """A transposed-view operand (``[E, N, K]`` weights used as ``w.transpose(-2, -1)``,
+    or a transposed activation) gets its gradient in its own layout, with the values of
+    the float64 reference; a leaf parameter then keeps that very tensor (no layout copy)."""
+    torch.manual_seed(11)
+    offs = torch.tensor([3, 3, 8, 12], dtype=torch.int32)
+    cases = [
+        # (a, b) before the transpose of the flagged operand
+        (torch.randn(14, 5), torch.randn(4, 6, 5), "b"),  # [T,K] x [G,N,K]^T
+        (torch.randn(5, 14), torch.randn(4, 5, 6), "a"),  # [K,T]^T x [G,K,N]
+        (torch.randn(14, 7), torch.randn(9, 14), "ab"),  # [T,M]^T x [N,T]^T -> [G,M,N]
+        (torch.randn(4, 7, 5), torch.randn(14, 7), "ab"),  # [G,K,M]^T x [T,K]^T -> [M,T]
+        (torch.randn(4, 6, 5), torch.randn(4, 7, 6), "ab"),  # batched, both transposed
+    ]
+    for a0, b0, which in cases:
+        a0 = a0.to(dtype).requires_grad_()
+        b0 = b0.to(dtype).requires_grad_()
+        a = a0.transpose(-2, -1) if "a" in which else a0
+        b = b0.transpose(-2, -1) if "b" in which else b0
+        o = offs if a.dim() + b.dim() < 6 else None
+        y = grouped_mm(a, b, offs=o)
+        gy = torch.randn_like(y)
+        seen: dict = {}
+        a.register_hook(lambda g, s=seen: s.__setitem__("a", g))
+        b.register_hook(lambda g, s=seen: s.__setitem__("b", g))
+        y.backward(gy)
+        ar = a.detach().double().requires_grad_()
+        br = b.detach().double().requires_grad_()
+        ref_packed(ar, br, o).backward(gy.double())
+        for name, x, ref in (("a", a, ar), ("b", b, br)):
+            g = seen[name]
+            assert g.stride() == x.stride(), (name, which, g.stride(), x.stride())
+            assert_close_rel(g, ref.grad, dtype, f"grad {name} ({which})")
+        # the leaves' gradients: the transposed gradient, stolen by autograd, is contiguous
+        assert a0.grad.is_contiguous() and b0.grad.is_contiguous()

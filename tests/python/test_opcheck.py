@@ -82,3 +82,15 @@ def test_opcheck_grouped_mm_list_out():
     As, Bs = make_list(DIMS, seed=5)
     outs = [torch.full((m, n), 2.0, dtype=torch.float64) for m, n, k in DIMS]
     torch.library.opcheck(torch.ops.groupmm.grouped_mm_list_out.default, (As, Bs, None, outs))
+
+
+@pytest.mark.parametrize("need", [(True, True), (False, True), (True, False)])
+def test_opcheck_grouped_mm_backward_transposed_operands(need):
+    """Gradients in a column-major operand's own layout: the fake kernel gives the same
+    strides as the real one (opcheck compares them)."""
+    torch.manual_seed(3)
+    offs = torch.tensor([2, 2, 7], dtype=torch.int32)
+    a = torch.randn(5, 9, dtype=torch.float64).t()  # [T=9, K=5], column-major
+    b = torch.randn(3, 4, 5, dtype=torch.float64).transpose(-2, -1)  # [G, K=5, N=4]
+    grad = torch.randn(9, 4, dtype=torch.float64)
+    torch.library.opcheck(torch.ops.groupmm.grouped_mm_backward.default, (grad, a, b, offs, *need))

@@ -71,7 +71,8 @@ Qwen3-30B-A3B-sized layer at T = 4096 tokens takes 3.56 ms against 5.33 ms for
 T = 4096 and 16384, forward and forward+backward; 1.16-1.30x for the whole decoder
 layer. The grouped GEMMs
 themselves run at the speed of torch's. Of the glue choices, step 3 matters most: with
-``groupmm.grouped_mm``'s own autograd the same block took 7.4 ms. Against the plain
+the weight gradient returned contiguous ``[E, in, out]`` (what ``grouped_mm``'s backward
+did before it followed the operand's layout) the same block took 7.4 ms. Against the plain
 alternative, the dispatch backward of step 2 saves 0.1-0.8 ms per block, the batched
 combine of step 6 0.3-1.4 ms (multiply + gather + sum), and the routing weights'
 gradient as a multiply-sum 0.1-0.5 ms (a batched ``bmm`` dot product ran as a slow
