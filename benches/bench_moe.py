@@ -7,7 +7,9 @@ and against the plain layer most code writes, in one process, same weights and r
 Implementations (every one is router -> permute -> experts -> combine, SwiGLU experts):
 
 - ``groupmm``: ``groupmm.moe.MoELayer`` as it is (groupmm's grouped GEMMs; dispatch and
-  combine whose backward is gathers and an ``index_copy``, no ``index_put``);
+  combine whose backward is gathers, no ``index_put``);
+- ``fused``: ``MoELayer(fused=True)``: ``groupmm.fused.expert_up`` / ``expert_down``
+  (composed today; the fused kernels of issue 13 go behind them);
 - ``torch-gmm``: the same ``MoELayer`` with ``torch.nn.functional.grouped_mm`` swapped in
   for the two grouped products (so the difference to ``groupmm`` is the GEMMs alone);
 - ``plain``: ``F.grouped_mm`` with the glue most MoE code writes: ``x[src]`` to dispatch,
@@ -26,8 +28,8 @@ random output gradient, parameter gradients set to None before each step. Times:
 events, steps back to back, median of ``--reps`` after warm-up (benches/timing.py).
 Memory: peak bytes allocated during one fwd+bwd step above what was allocated before it
 (parameters, input, output gradient), from ``torch.cuda.max_memory_allocated``. The
-ratios are ``torch-gmm`` and ``plain`` over ``groupmm`` (time) and ``groupmm`` over them
-(memory): > 1 time ratio and < 1 memory ratio favour groupmm.
+ratios are ``torch-gmm``'s and ``plain``'s time over ``groupmm``'s and over ``fused``'s:
+> 1 favours groupmm.
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ import groupmm
 import groupmm.nn as gnn
 import torch
 import torch.nn.functional as F
-from groupmm.moe import MoELayer, permute, unpermute
+from groupmm.fused import expert_down, expert_up
+from groupmm.moe import MoELayer, _routes, permute, unpermute
 from timing import median_ms  # benches/timing.py, same folder
 
 CONFIGS = {
@@ -100,9 +103,13 @@ def _weights(layer: MoELayer, x, ids):
     return (w / w.sum(-1, keepdim=True)).to(x.dtype)
 
 
-def moe_forward(layer: MoELayer, x, ids):
-    """MoELayer.forward with the fixed routing ``ids``."""
+def moe_forward(layer: MoELayer, x, ids, fused=False):
+    """MoELayer.forward with the fixed routing ``ids`` (its fused path with ``fused``)."""
     w = _weights(layer, x, ids)
+    if fused:
+        r = _routes(ids, layer.num_experts, None)
+        h = expert_up(x, layer.experts.w_in, r.offs, r.src, r.inverse)
+        return expert_down(h, layer.experts.w_out, r.offs, r.inverse, w)
     p = permute(x, ids, layer.num_experts)
     y = layer.experts(p.tokens, p.offs)
     return unpermute(y, p.inverse, w)
@@ -168,10 +175,11 @@ def main(argv=None) -> int:
     name = torch.cuda.get_device_name() if cuda else "cpu"
     print(f"device {name}; torch {torch.__version__}; groupmm {groupmm.__version__}; {dtype}")
     rows = []
-    impls = ("groupmm", "torch-gmm", "plain")
+    impls = ("groupmm", "fused", "torch-gmm", "plain")
     print(
-        "config T routing | fwd ms: groupmm torch-gmm plain | fwd+bwd ms: groupmm torch-gmm"
-        " plain | peak MiB: groupmm torch-gmm plain | fwd+bwd speedup over torch-gmm, plain"
+        "config T routing | fwd ms: groupmm fused torch-gmm plain | fwd+bwd ms: groupmm fused"
+        " torch-gmm plain | peak MiB: groupmm fused torch-gmm plain | fwd+bwd: torch-gmm and"
+        " plain over groupmm, over fused"
     )
     for cname, (d, f, E, k) in configs.items():
         torch.manual_seed(0)
@@ -189,6 +197,8 @@ def main(argv=None) -> int:
                 for impl in impls:
                     if impl == "plain":
                         fn = lambda x, m=plain, i=ids: m(x, i)  # noqa: E731
+                    elif impl == "fused":
+                        fn = lambda x, m=layer, i=ids: moe_forward(m, x, i, True)  # noqa: E731
                     else:
                         fn = lambda x, m=layer, i=ids: moe_forward(m, x, i)  # noqa: E731
                     try:
@@ -225,7 +235,12 @@ def main(argv=None) -> int:
                     " ".join(_fmt(res[i][j], 2**20 if j == 2 else 1.0) for i in impls)
                     for j in range(3)
                 ]
-                speed = [_fmt(res[i][1] / g if res[i][1] and g else None) for i in impls[1:]]
+                f = res["fused"][1]
+                speed = [
+                    _fmt(res[i][1] / base if res[i][1] and base else None)
+                    for base in (g, f)
+                    for i in ("torch-gmm", "plain")
+                ]
                 print(f"{cname} {T} {kind} | " + " | ".join(cells) + " | " + " ".join(speed))
     if args.json:
         with open(args.json, "w") as fh:

@@ -11,7 +11,7 @@ See ``grouped_mm`` for every form; ``build_info()`` says what this build holds.
 The package by role: ``_api`` (the public function and its argument handling),
 ``_autograd`` (the eager autograd shims), ``_library`` (the ``torch.ops.groupmm`` custom
 ops, their fake kernels and autograd), ``_autocast``, ``_numpy`` (the torch-free path),
-``_native`` (the Rust extension); ``nn`` and ``moe`` build MoE layers on top.
+``_native`` (the Rust extension); ``nn``, ``moe`` and ``fused`` build MoE layers on top.
 """
 
 from . import _native
@@ -39,7 +39,7 @@ else:
 
 
 def __getattr__(name):
-    if name in ("nn", "moe"):
+    if name in ("nn", "moe", "fused"):
         import importlib
 
         return importlib.import_module(f".{name}", __name__)

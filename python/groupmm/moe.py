@@ -211,8 +211,24 @@ def permute(
             f"expert_ids: expected a tensor on {tokens.device} (the device of tokens), "
             f"found one on {expert_ids.device}"
         )
+    r = _routes(expert_ids, num_experts, pad_to)
+    sorted_tokens = _Dispatch.apply(tokens, r.src, r.dest, r.inverse, r.capacity)
+    return Permuted(sorted_tokens, r.offs, r.inverse, r.counts)
+
+
+class _Routes(NamedTuple):
+    src: torch.Tensor  # int64 [T*k]: token of each sorted assignment
+    dest: torch.Tensor  # int64 [T*k]: its row (differs from arange only with padding)
+    inverse: torch.Tensor  # int64 [T, k]: row of assignment (t, j)
+    offs: torch.Tensor  # int32 [E]: group ends
+    counts: torch.Tensor  # int64 [E]: assignments per expert
+    capacity: int | None  # rows with padding, None without
+
+
+def _routes(expert_ids: torch.Tensor, num_experts: int, pad_to: int | None) -> _Routes:
+    """The index side of :func:`permute` (no token data moves): on the device, no sync."""
     num_tokens, top_k = expert_ids.shape
-    device = tokens.device
+    device = expert_ids.device
     flat = expert_ids.reshape(-1).long()
     order = torch.argsort(flat, stable=True)  # sorted position -> assignment index
     sorted_ids = flat[order]
@@ -221,7 +237,6 @@ def permute(
     counts = torch.diff(ends, prepend=ends.new_zeros(1))
     src = order // top_k  # row i = token of the i-th sorted assignment
     n = flat.numel()
-
     if pad_to is None or pad_to == 1:
         dest = torch.arange(n, device=device)
         offs = ends
@@ -234,10 +249,64 @@ def permute(
         # sorted position i of expert e lands at padded_starts[e] + (i - starts[e]).
         dest = torch.arange(n, device=device) + (padded_starts - starts)[sorted_ids]
         capacity = n + num_experts * (pad_to - 1)
-
     inverse = torch.empty_like(dest).scatter(0, order, dest).view(num_tokens, top_k)
-    sorted_tokens = _Dispatch.apply(tokens, src, dest, inverse, capacity)
-    return Permuted(sorted_tokens, offs.to(torch.int32), inverse, counts)
+    return _Routes(src, dest, inverse, offs.to(torch.int32), counts, capacity)
+
+
+def sum_copies(grad: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
+    """``out[t] = sum_j grad[inverse[t, j]]``: each token's ``k`` rows summed, as ``k``
+    gathers of ``[T, D]`` accumulated in float32 or wider (deterministic, no atomics, no
+    ``[T*k, D]`` temporary). The backward of a row gather by token."""
+    acc = torch.promote_types(grad.dtype, torch.float32)
+    out = grad.index_select(0, inverse[:, 0]).to(acc)
+    for j in range(1, inverse.shape[1]):
+        out = out + grad.index_select(0, inverse[:, j])
+    return out.to(grad.dtype)
+
+
+def combine(y: torch.Tensor, inverse: torch.Tensor, w: torch.Tensor | None) -> torch.Tensor:
+    """``out[t] = sum_j w[t, j] * y[inverse[t, j]]`` (a plain sum without ``w``): one
+    gather and one batched ``[1, k] x [k, D]`` product. Not differentiable by itself:
+    :func:`combine_backward` is its backward."""
+    num_tokens, top_k = inverse.shape
+    rows = y.index_select(0, inverse.reshape(-1)).view(num_tokens, top_k, y.shape[1])
+    if w is None:
+        return rows.sum(dim=1)
+    return torch.bmm(w.to(y.dtype).unsqueeze(1), rows).squeeze(1)
+
+
+def combine_backward(grad, y, inverse, w, need_y: bool, need_w: bool):
+    """``(grad_y, grad_w)`` of :func:`combine`, each None unless asked for; built from
+    differentiable ops (double backward), deterministic, one ``[R, D]`` temporary at a
+    time: ``grad_w[t, j] = <grad[t], y[inverse[t, j]]>`` (a gather and a batched
+    product), then ``grad_y`` in row order as one gather of ``grad`` by each row's
+    token, scaled in place by the row's weight (rows no assignment names, i.e. padding,
+    get weight 0)."""
+    num_tokens, top_k = inverse.shape
+    flat = inverse.reshape(-1)
+    dy = dw = None
+    if w is not None and need_w:
+        rows = y.index_select(0, flat).view(num_tokens, top_k, y.shape[1])
+        dw = torch.bmm(rows, grad.to(y.dtype).unsqueeze(2)).squeeze(2).to(w.dtype)
+        del rows
+    if need_y:
+        n, rows_y = flat.numel(), y.shape[0]
+        if n == 0:  # no tokens: only padding rows
+            return grad.new_zeros(y.shape), dw
+        # assignment of each row (the inverse permutation); padding rows: n, weight 0
+        ids = torch.arange(n, device=flat.device)
+        assign = flat.new_full((rows_y,), n).scatter_(0, flat, ids)
+        scale = None if w is None else w.reshape(-1).to(grad.dtype)
+        if rows_y != n:
+            base = grad.new_ones(n) if scale is None else scale
+            scale = torch.cat([base, base.new_zeros(1)]).index_select(0, assign)
+            assign = assign.clamp(max=n - 1)
+        elif scale is not None:
+            scale = scale.index_select(0, assign)
+        dy = grad.index_select(0, torch.div(assign, top_k, rounding_mode="floor"))
+        if scale is not None:
+            dy.mul_(scale.unsqueeze(1))  # in place: index_select keeps no output
+    return dy, dw
 
 
 class _Dispatch(torch.autograd.Function):
@@ -258,57 +327,22 @@ class _Dispatch(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (inverse,) = ctx.saved_tensors
-        acc = torch.promote_types(grad.dtype, torch.float32)
-        out = grad.index_select(0, inverse[:, 0]).to(acc)
-        for j in range(1, inverse.shape[1]):
-            out = out + grad.index_select(0, inverse[:, j])
-        return out.to(grad.dtype), None, None, None, None
+        return sum_copies(grad, inverse), None, None, None, None
 
 
 class _Combine(torch.autograd.Function):
-    """``out[t] = sum_j w[t, j] * y[inverse[t, j]]`` (unweighted without ``w``): one
-    gather and one batched ``[1, k] x [k, D]`` product. Backward without
-    ``index_put``, deterministic, one ``[R, D]`` temporary at a time: ``grad_w[t, j] =
-    <grad[t], y[inverse[t, j]]>`` (a gather and a batched product), then ``grad_y`` in
-    row order as one gather of ``grad`` by each row's token, scaled in place by the
-    row's weight (rows no assignment names, i.e. padding, get weight 0)."""
+    """:func:`combine` with :func:`combine_backward` as its backward (no ``index_put``)."""
 
     @staticmethod
     def forward(ctx, y, inverse, w):
         ctx.save_for_backward(y, inverse, w)
-        num_tokens, top_k = inverse.shape
-        rows = y.index_select(0, inverse.reshape(-1)).view(num_tokens, top_k, y.shape[1])
-        if w is None:
-            return rows.sum(dim=1)
-        return torch.bmm(w.to(y.dtype).unsqueeze(1), rows).squeeze(1)
+        return combine(y, inverse, w)
 
     @staticmethod
     def backward(ctx, grad):
         y, inverse, w = ctx.saved_tensors
-        num_tokens, top_k = inverse.shape
-        flat = inverse.reshape(-1)
-        dy = dw = None
-        if w is not None and ctx.needs_input_grad[2]:
-            rows = y.index_select(0, flat).view(num_tokens, top_k, y.shape[1])
-            dw = torch.bmm(rows, grad.to(y.dtype).unsqueeze(2)).squeeze(2).to(w.dtype)
-            del rows
-        if ctx.needs_input_grad[0]:
-            n, rows_y = flat.numel(), y.shape[0]
-            if n == 0:  # no tokens: only padding rows
-                return grad.new_zeros(y.shape), None, dw
-            # assignment of each row (the inverse permutation); padding rows: n, weight 0
-            ids = torch.arange(n, device=flat.device)
-            assign = flat.new_full((rows_y,), n).scatter_(0, flat, ids)
-            scale = None if w is None else w.reshape(-1).to(grad.dtype)
-            if rows_y != n:
-                base = grad.new_ones(n) if scale is None else scale
-                scale = torch.cat([base, base.new_zeros(1)]).index_select(0, assign)
-                assign = assign.clamp(max=n - 1)
-            elif scale is not None:
-                scale = scale.index_select(0, assign)
-            dy = grad.index_select(0, torch.div(assign, top_k, rounding_mode="floor"))
-            if scale is not None:
-                dy.mul_(scale.unsqueeze(1))  # in place: index_select keeps no output
+        need = ctx.needs_input_grad
+        dy, dw = combine_backward(grad, y, inverse, w, need[0], w is not None and need[2])
         return dy, None, dw
 
 
@@ -371,6 +405,12 @@ class MoELayer(nn.Module):
         normalize: renormalise top-k weights, see :class:`TopKRouter`.
         aux_loss_coef: load-balancing loss scale (0 turns it off).
         pad_to: pad each expert group to a multiple of this (see :func:`permute`).
+        fused: run the experts as :func:`groupmm.fused.expert_up` and
+            :func:`groupmm.fused.expert_down` (gather, up projection and SwiGLU as one
+            operation; down projection, router weights and combine as another): needs
+            ``activation="swiglu"``, ``bias=False`` and no ``pad_to``. Same results to
+            rounding; less activation memory. Off by default until the fused CUDA
+            kernels behind those operations are measured faster (issue 13).
         device, dtype: factory arguments.
     """
 
@@ -387,13 +427,22 @@ class MoELayer(nn.Module):
         normalize: bool | None = None,
         aux_loss_coef: float = 0.01,
         pad_to: int | None = None,
+        fused: bool = False,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         if pad_to is not None:
             _check_positive_int("pad_to", pad_to)
+        if not isinstance(fused, bool):
+            raise TypeError(f"fused: expected a bool, found {fused!r}")
+        if fused and (activation != "swiglu" or bias or pad_to not in (None, 1)):
+            raise ValueError(
+                "fused: needs activation='swiglu', bias=False and pad_to=None, found "
+                f"activation={activation!r}, bias={bias}, pad_to={pad_to}"
+            )
         self.pad_to = pad_to
+        self.fused = fused
         self.router = TopKRouter(
             d_model,
             num_experts,
@@ -423,9 +472,18 @@ class MoELayer(nn.Module):
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
         route = self.router(flat)
-        p = permute(flat, route.expert_ids, self.num_experts, self.pad_to)
-        y = self.experts(p.tokens, p.offs)
-        out = unpermute(y, p.inverse, route.weights).view(shape)
+        if self.fused:
+            from .fused import expert_down, expert_up
+
+            ids = route.expert_ids
+            r = _routes(ids if ids.dim() == 2 else ids.unsqueeze(1), self.num_experts, None)
+            ex = self.experts
+            h = expert_up(flat, ex.w_in, r.offs, r.src, r.inverse)
+            out = expert_down(h, ex.w_out, r.offs, r.inverse, route.weights).view(shape)
+        else:
+            p = permute(flat, route.expert_ids, self.num_experts, self.pad_to)
+            y = self.experts(p.tokens, p.offs)
+            out = unpermute(y, p.inverse, route.weights).view(shape)
         if return_aux_loss:
             return out, route.aux_loss
         self.aux_loss = route.aux_loss

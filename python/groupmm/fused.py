@@ -1,0 +1,200 @@
+"""The two halves of a routed SwiGLU expert block as single operations (issue 13's API),
+so that the glue around the grouped GEMMs has one place to be fused into them:
+
+- :func:`expert_up`: ``act = silu(x[src] @ w_gate[g]) * (x[src] @ w_up[g])`` per expert
+  group ``g`` (a row gather, the up projection and the activation);
+- :func:`expert_down`: ``out[t] = sum_j weights[t, j] * (h @ w_out[g])[inverse[t, j]]``
+  (the down projection, the router weights and the top-k combine back to token order).
+
+Both are ``torch.library`` custom ops (``torch.ops.groupmm.expert_up`` /
+``expert_down``) with fake kernels and autograd formulas built from differentiable ops
+(double backward, ``torch.compile(fullgraph=True)``, ``opcheck``), on CPU and CUDA.
+
+What runs today, on every device, is the composition of groupmm's grouped GEMM with
+torch's gathers and element-wise ops: the same arithmetic as ``MoELayer``'s unfused path
+(results agree to rounding), with less activation memory: the backward re-gathers
+``x[src]`` instead of keeping it, and keeps the pre-activation instead of
+``silu(gate)``. The fused CUDA kernels (the varlen kernels reading A rows through
+``src``, SwiGLU and router-weight epilogues) replace the composition behind these
+signatures without changing what they compute.
+
+Determinism: no atomics anywhere; the gradient of ``x`` sums each token's ``k`` rows
+through ``inverse`` (:func:`groupmm.moe.sum_copies`).
+"""
+
+# NB: no ``from __future__ import annotations``: torch.library reads the annotations.
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ._api import grouped_mm
+from .moe import combine, combine_backward, sum_copies
+
+__all__ = ["expert_down", "expert_up", "swiglu_backward"]
+
+
+def _check(name: str, t, dims: int, what: str, integer: bool = False) -> None:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, found {type(t).__name__}")
+    if t.dim() != dims:
+        raise ValueError(f"{name}: expected {what}, found shape {list(t.shape)}")
+    if integer and (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool):
+        raise TypeError(f"{name}: expected an integer tensor, found {t.dtype}")
+
+
+def swiglu_backward(grad: Tensor, pre: Tensor) -> Tensor:
+    """Gradient of ``silu(gate) * up`` w.r.t. ``pre = [gate | up]`` (the last dimension's
+    halves), from differentiable ops: ``d gate = grad * up * s * (1 + gate * (1 - s))``
+    with ``s = sigmoid(gate)``, ``d up = grad * silu(gate)``."""
+    gate, up = pre.chunk(2, dim=-1)
+    s = torch.sigmoid(gate)
+    d_gate = grad * up * s * (1 + gate * (1 - s))
+    d_up = grad * gate * s
+    return torch.cat([d_gate, d_up], dim=-1)
+
+
+# --------------------------------------------------------------------------- expert_up
+
+
+@torch.library.custom_op("groupmm::expert_up", mutates_args=())
+def _expert_up(
+    x: Tensor, w: Tensor, offs: Tensor, src: Tensor, inverse: Tensor
+) -> Tuple[Tensor, Tensor]:
+    pre = grouped_mm(x.index_select(0, src), w, offs=offs)
+    gate, up = pre.chunk(2, dim=-1)
+    return F.silu(gate) * up, pre
+
+
+@_expert_up.register_fake
+def _expert_up_fake(x, w, offs, src, inverse):
+    rows, n2 = src.shape[0], w.shape[-1]
+    return x.new_empty(rows, n2 // 2), x.new_empty(rows, n2)
+
+
+def _expert_up_setup(ctx, inputs, output):
+    x, w, offs, src, inverse = inputs
+    ctx.save_for_backward(x, w, offs, src, inverse, output[1])
+
+
+def _expert_up_grad(ctx, d_act, d_pre):
+    x, w, offs, src, inverse, pre = ctx.saved_tensors
+    g = swiglu_backward(d_act, pre)
+    if d_pre is not None:  # only under double backward
+        g = g + d_pre
+    dx = dw = None
+    if ctx.needs_input_grad[0]:
+        dx = sum_copies(grouped_mm(g, w.transpose(-2, -1), offs=offs), inverse)
+    if ctx.needs_input_grad[1]:
+        dw = grouped_mm(x.index_select(0, src).t(), g, offs=offs)
+    return dx, dw, None, None, None
+
+
+_expert_up.register_autograd(_expert_up_grad, setup_context=_expert_up_setup)
+
+
+def expert_up(x: Tensor, w: Tensor, offs: Tensor, src: Tensor, inverse: Tensor) -> Tensor:
+    """The up half of a routed SwiGLU expert block: ``act[r] = silu(a[r] @ w_gate[g]) *
+    (a[r] @ w_up[g])`` with ``a[r] = x[src[r]]``, for the rows ``r`` of each group ``g``.
+
+    Args:
+        x: ``[T, D]`` tokens, in token order (never copied into expert order).
+        w: ``[E, D, 2F]``, columns ``[:F]`` the gate and ``[F:]`` the up projection
+            (:class:`groupmm.nn.GroupedExperts`' ``w_in``).
+        offs: int32 ``[E]`` group ends over the ``R`` routed rows.
+        src: integer ``[R]``, the token of each row (``x`` row ``src[r]``).
+        inverse: integer ``[T, k]``, the row of each token's ``j``-th copy (every row
+            named once: ``R = T*k``); used by the backward to sum a token's rows.
+
+    Returns:
+        ``[R, F]`` in ``x``'s dtype; rows past ``offs[-1]`` are zero.
+
+    :func:`groupmm.moe.permute`'s routing gives ``src``/``inverse`` (``MoELayer`` with
+    ``fused=True`` calls this). Index values are not checked (that would need a host
+    sync): out-of-range ids give wrong results or a device error.
+    """
+    _check("x", x, 2, "shape [T, D]")
+    _check("w", w, 3, "shape [E, D, 2F]")
+    _check("offs", offs, 1, "a 1-D tensor of group ends", integer=True)
+    _check("src", src, 1, "shape [R]", integer=True)
+    _check("inverse", inverse, 2, "shape [T, k]", integer=True)
+    if w.shape[-1] % 2:
+        raise ValueError(f"w: expected an even last dimension [gate | up], found {list(w.shape)}")
+    if inverse.shape[0] != x.shape[0] or inverse.numel() != src.shape[0]:
+        raise ValueError(
+            f"inverse: expected shape [T={x.shape[0]}, k] with T*k = R = {src.shape[0]} "
+            f"(the length of src), found {list(inverse.shape)}"
+        )
+    return _expert_up(x, w, offs, src, inverse)[0]
+
+
+# --------------------------------------------------------------------------- expert_down
+
+
+@torch.library.custom_op("groupmm::expert_down", mutates_args=())
+def _expert_down(
+    h: Tensor, w: Tensor, offs: Tensor, inverse: Tensor, weights: Optional[Tensor]
+) -> Tuple[Tensor, Tensor]:
+    y = grouped_mm(h, w, offs=offs)
+    return combine(y, inverse, weights), y
+
+
+@_expert_down.register_fake
+def _expert_down_fake(h, w, offs, inverse, weights):
+    return h.new_empty(inverse.shape[0], w.shape[-1]), h.new_empty(h.shape[0], w.shape[-1])
+
+
+def _expert_down_setup(ctx, inputs, output):
+    h, w, offs, inverse, weights = inputs
+    ctx.save_for_backward(h, w, offs, inverse, weights, output[1])
+
+
+def _expert_down_grad(ctx, d_out, d_y):
+    h, w, offs, inverse, weights, y = ctx.saved_tensors
+    need_h, need_w, _, _, need_weights = ctx.needs_input_grad
+    need_y = need_h or need_w
+    dy, dweights = combine_backward(
+        d_out, y, inverse, weights, need_y, weights is not None and need_weights
+    )
+    if d_y is not None and dy is not None:  # only under double backward
+        dy = dy + d_y
+    dh = dw = None
+    if need_h:
+        dh = grouped_mm(dy, w.transpose(-2, -1), offs=offs)
+    if need_w:
+        dw = grouped_mm(h.t(), dy, offs=offs)
+    return dh, dw, None, None, dweights
+
+
+_expert_down.register_autograd(_expert_down_grad, setup_context=_expert_down_setup)
+
+
+def expert_down(
+    h: Tensor, w: Tensor, offs: Tensor, inverse: Tensor, weights: Optional[Tensor] = None
+) -> Tensor:
+    """The down half of a routed expert block: ``out[t] = sum_j weights[t, j] *
+    y[inverse[t, j]]`` with ``y = h @ w[g]`` per group ``g`` of rows.
+
+    Args:
+        h: ``[R, F]`` activations of the routed rows, in expert order.
+        w: ``[E, F, D]`` (:class:`groupmm.nn.GroupedExperts`' ``w_out``).
+        offs: int32 ``[E]`` group ends over the ``R`` rows.
+        inverse: integer ``[T, k]``, the row of each token's ``j``-th copy.
+        weights: ``[T, k]`` router weights (differentiable), or None for a plain sum.
+
+    Returns:
+        ``[T, D]`` in ``h``'s dtype, in token order.
+    """
+    _check("h", h, 2, "shape [R, F]")
+    _check("w", w, 3, "shape [E, F, D]")
+    _check("offs", offs, 1, "a 1-D tensor of group ends", integer=True)
+    _check("inverse", inverse, 2, "shape [T, k]", integer=True)
+    if weights is not None:
+        _check("weights", weights, 2, f"shape {list(inverse.shape)} (the shape of inverse)")
+        if weights.shape != inverse.shape:
+            raise ValueError(
+                f"weights: expected shape {list(inverse.shape)} (the shape of inverse), "
+                f"found {list(weights.shape)}"
+            )
+    return _expert_down(h, w, offs, inverse, weights)[0]
