@@ -3,6 +3,7 @@ and against the plain layer most code writes, in one process, same weights and r
 
     python benches/bench_moe.py [--json out.json] [--reps 10] [--tokens 4096,16384]
     python benches/bench_moe.py --device cpu --tiny          # a quick run anywhere
+    python benches/bench_moe.py --replot out.json --png out.png   # the chart of a run
 
 Implementations (every one is router -> permute -> experts -> combine, SwiGLU experts):
 
@@ -126,6 +127,38 @@ class _TorchGmm:
         gnn.grouped_mm = self.saved
 
 
+def plot(result: dict, path: str) -> None:
+    """Bar chart of a run: forward+backward time per config (panel per T and routing),
+    one bar per implementation, and peak memory; ``result`` as ``--json`` writes it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["rows"]
+    impls = [i for i in ("groupmm", "fused", "torch-gmm", "plain") if f"{i} fwd+bwd ms" in rows[0]]
+    cases = sorted({(r["T"], r["routing"]) for r in rows})
+    fig, axes = plt.subplots(2, len(cases), figsize=(4.2 * len(cases), 7), squeeze=False)
+    for col, (T, kind) in enumerate(cases):
+        sel = [r for r in rows if r["T"] == T and r["routing"] == kind]
+        for row, (key, unit) in enumerate(((" fwd+bwd ms", "ms"), (" peak bytes", "MiB"))):
+            ax = axes[row][col]
+            width = 0.8 / len(impls)
+            for n, impl in enumerate(impls):
+                vals = [(r[impl + key] or 0) / (2**20 if unit == "MiB" else 1) for r in sel]
+                ax.bar([i + n * width for i in range(len(sel))], vals, width, label=impl)
+            ax.set_xticks([i + 0.4 - width / 2 for i in range(len(sel))])
+            ax.set_xticklabels([r["config"] for r in sel], fontsize=8)
+            ax.set_title(
+                f"T={T} {kind}: fwd+bwd {unit}" if row == 0 else f"peak {unit}", fontsize=9
+            )
+            ax.tick_params(axis="y", labelsize=8)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(f"MoE layers, {result['device']}, {result['dtype']}, torch {result['torch']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
 def _fmt(v, scale=1.0):
     return "-" if v is None else f"{v / scale:.3f}" if scale == 1.0 else f"{v / scale:.0f}"
 
@@ -166,7 +199,13 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--tiny", action="store_true", help="one tiny config, T = 64 (a smoke run)")
     ap.add_argument("--json")
+    ap.add_argument("--png", help="a bar chart of the run (needs matplotlib)")
+    ap.add_argument("--replot", metavar="JSON", help="only chart an earlier --json result")
     args = ap.parse_args(argv)
+    if args.replot:
+        with open(args.replot) as fh:
+            plot(json.load(fh), args.png or args.replot.replace(".json", ".png"))
+        return 0
     cuda = args.device.startswith("cuda")
     dtype = torch.bfloat16 if cuda else torch.float32
     configs = TINY if args.tiny else {c: CONFIGS[c] for c in args.configs.split(",")}
@@ -242,13 +281,12 @@ def main(argv=None) -> int:
                     for i in ("torch-gmm", "plain")
                 ]
                 print(f"{cname} {T} {kind} | " + " | ".join(cells) + " | " + " ".join(speed))
+    result = dict(device=name, torch=torch.__version__, dtype=str(dtype), rows=rows)
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump(
-                dict(device=name, torch=torch.__version__, dtype=str(dtype), rows=rows),
-                fh,
-                indent=1,
-            )
+            json.dump(result, fh, indent=1)
+    if args.png:
+        plot(result, args.png)
     return 0
 
 
