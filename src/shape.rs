@@ -662,29 +662,35 @@ pub fn column_major(l: &Layout) -> bool {
         && l.strides[n - 1] != 1
 }
 
+/// Which gradients `(dA, dB)` to compute transposed so that each has its operand's own
+/// layout: those of column-major operands (given as the caller received them, before
+/// any contiguous copy). torch's grouped_mm backward does the same, and autograd then
+/// keeps the gradient without copying it into the parameter's layout (for `[E, N, K]`
+/// expert weights that copy was as long as the whole backward of a fine-grained MoE
+/// block's GEMMs).
+pub fn transposed_grads(a: &Layout, b: &Layout) -> [bool; 2] {
+    [column_major(a), column_major(b)]
+}
+
 /// The operands of the two backward products, each to be run through the forward rules
-/// with the same `offs`, and whether it gives its gradient transposed: `dA = (dC, bᵀ)`
-/// and `dB = (aᵀ, dC)`; with `follow`, a column-major operand's gradient is computed
-/// transposed instead, `dAᵀ = (b, dCᵀ)` or `dBᵀ = (dCᵀ, a)`, which the face returns as a
-/// transposed view. The gradient then has the operand's own layout, as torch's grouped_mm
-/// backward gives it, and autograd keeps it without copying it into the parameter's
-/// layout (for `[E, N, K]` expert weights that copy was as long as the whole backward of
-/// a fine-grained MoE block's GEMMs).
-pub fn backward_layouts<T: Transposable + AsRef<Layout>>(
+/// with the same `offs`: `dA = (dC, bᵀ)` and `dB = (aᵀ, dC)`, or where `transposed`
+/// says so (see [`transposed_grads`]) `dAᵀ = (b, dCᵀ)` and `dBᵀ = (dCᵀ, a)`, whose
+/// results the face returns as transposed views.
+pub fn backward_layouts<T: Transposable>(
     grad: &T,
     a: &T,
     b: &T,
-    follow: bool,
-) -> [(T, T, bool); 2] {
-    let da = if follow && column_major(a.as_ref()) {
-        (b.clone(), grad.transposed(), true)
+    transposed: [bool; 2],
+) -> [(T, T); 2] {
+    let da = if transposed[0] {
+        (b.clone(), grad.transposed())
     } else {
-        (grad.clone(), b.transposed(), false)
+        (grad.clone(), b.transposed())
     };
-    let db = if follow && column_major(b.as_ref()) {
-        (grad.transposed(), a.clone(), true)
+    let db = if transposed[1] {
+        (grad.transposed(), a.clone())
     } else {
-        (a.transposed(), grad.clone(), false)
+        (a.transposed(), grad.clone())
     };
     [da, db]
 }
@@ -977,8 +983,8 @@ mod tests {
         ] {
             let p = plan_packed(&a, &b, offs).unwrap();
             let grad = c(&p.out_shape);
-            let [(ga, gb, ta), (ha, hb, tb)] = backward_layouts(&grad, &a, &b, true);
-            assert!(!ta && !tb);
+            assert_eq!(transposed_grads(&a, &b), [false, false]);
+            let [(ga, gb), (ha, hb)] = backward_layouts(&grad, &a, &b, [false, false]);
             assert_eq!(plan_packed(&ga, &gb, offs).unwrap().out_shape, a.shape);
             assert_eq!(plan_packed(&ha, &hb, offs).unwrap().out_shape, b.shape);
             // column-major operands: the transposed gradient, a valid form of its own
@@ -986,9 +992,9 @@ mod tests {
                 c(&a.transposed().shape).transposed(),
                 c(&b.transposed().shape).transposed(),
             );
-            assert!(column_major(&at) && column_major(&bt));
-            let [(ga, gb, ta), (ha, hb, tb)] = backward_layouts(&grad, &at, &bt, true);
-            assert!(ta && tb);
+            let t = transposed_grads(&at, &bt);
+            assert_eq!(t, [true, true]);
+            let [(ga, gb), (ha, hb)] = backward_layouts(&grad, &at, &bt, t);
             assert_eq!(
                 plan_packed(&ga, &gb, offs).unwrap().out_shape,
                 a.transposed().shape
@@ -997,8 +1003,6 @@ mod tests {
                 plan_packed(&ha, &hb, offs).unwrap().out_shape,
                 b.transposed().shape
             );
-            let [(_, _, ta), (_, _, tb)] = backward_layouts(&grad, &at, &bt, false);
-            assert!(!ta && !tb);
         }
     }
 }

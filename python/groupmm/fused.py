@@ -30,17 +30,17 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ._api import grouped_mm
-from .moe import combine, combine_backward, sum_copies
+from .moe import _is_integer, combine, combine_backward, sum_copies
+from .nn import _check_tensor
 
 __all__ = ["expert_down", "expert_up", "swiglu_backward"]
 
 
 def _check(name: str, t, dims: int, what: str, integer: bool = False) -> None:
-    if not isinstance(t, Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, found {type(t).__name__}")
+    _check_tensor(name, t)
     if t.dim() != dims:
         raise ValueError(f"{name}: expected {what}, found shape {list(t.shape)}")
-    if integer and (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool):
+    if integer and not _is_integer(t.dtype):
         raise TypeError(f"{name}: expected an integer tensor, found {t.dtype}")
 
 

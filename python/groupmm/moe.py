@@ -475,8 +475,7 @@ class MoELayer(nn.Module):
         if self.fused:
             from .fused import expert_down, expert_up
 
-            ids = route.expert_ids
-            r = _routes(ids if ids.dim() == 2 else ids.unsqueeze(1), self.num_experts, None)
+            r = _routes(route.expert_ids, self.num_experts, None)
             ex = self.experts
             h = expert_up(flat, ex.w_in, r.offs, r.src, r.inverse)
             out = expert_down(h, ex.w_out, r.offs, r.inverse, route.weights).view(shape)

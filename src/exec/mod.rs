@@ -172,7 +172,7 @@ pub trait Memory {
     }
 
     /// Whether [`Memory::transposed`] works: then a packed backward gives each gradient
-    /// in its operand's layout (`shape::backward_layouts`).
+    /// in its operand's layout (`shape::transposed_grads`).
     fn can_transpose(&self) -> bool {
         false
     }
@@ -365,40 +365,33 @@ pub unsafe fn packed_backward<M: Memory>(
     let dtype = out_dtype.unwrap_or(a.dtype);
     // Kernel-readable inputs, copied (CUDA) at most once for both products.
     let ops = Operands::prepare(mem, &[grad, a, b], offs)?;
-    // Layouts of the inputs as given (before any copy): the gradients follow them.
-    let follow = mem.can_transpose();
-    let [(_, _, ta), (_, _, tb)] = shape::backward_layouts(grad, a, b, follow);
-    let [(ga, gb, _), (ha, hb, _)] =
-        shape::backward_layouts(&ops.t[0], &ops.t[1], &ops.t[2], false);
-    let swap = |(x, y): (Tensor, Tensor), t: bool| {
-        if t {
-            (y.transposed(), x.transposed())
-        } else {
-            (x, y)
-        }
+    // The gradients follow the layouts of the inputs as given (before any copy).
+    let t = if mem.can_transpose() {
+        shape::transposed_grads(&a.layout, &b.layout)
+    } else {
+        [false; 2]
     };
-    let (ga, gb) = swap((ga, gb), ta);
-    let (ha, hb) = swap((ha, hb), tb);
+    let [(ga, gb), (ha, hb)] = shape::backward_layouts(&ops.t[0], &ops.t[1], &ops.t[2], t);
     let offs_len = offs.map(|o| o.layout.shape[0]);
-    let product = |mem: &mut M, x: &Tensor, y: &Tensor, t: bool| -> Result<M::Out> {
+    let product = |mem: &mut M, x: &Tensor, y: &Tensor, swapped: bool| -> Result<M::Out> {
         let plan = shape::plan_packed(&x.layout, &y.layout, offs_len)?;
         let o = into_target(mem, None, &plan.out_shape, dtype, x.device, |mem, c| {
             // SAFETY: forwarded contract; `c` is a fresh output.
             unsafe { run_packed(mem, &plan, x, y, ops.offs.as_ref(), offs_vals.as_deref(), c) }
         })?;
-        if t {
+        if swapped {
             mem.transposed(o)
         } else {
             Ok(o)
         }
     };
     let da = if need_a {
-        Some(product(mem, &ga, &gb, ta)?)
+        Some(product(mem, &ga, &gb, t[0])?)
     } else {
         None
     };
     let db = if need_b {
-        Some(product(mem, &ha, &hb, tb)?)
+        Some(product(mem, &ha, &hb, t[1])?)
     } else {
         None
     };
@@ -549,7 +542,7 @@ pub unsafe fn list_backward<M: Memory>(
     let mut products: [(Vec<Tensor>, Vec<Tensor>); 2] = Default::default();
     for ((g, x), y) in grads.iter().zip(a).zip(b) {
         // list outputs are fresh per-group arrays: the gradients stay row-major
-        let [(ga, gb, _), (ha, hb, _)] = shape::backward_layouts(g, x, y, false);
+        let [(ga, gb), (ha, hb)] = shape::backward_layouts(g, x, y, [false; 2]);
         products[0].0.push(ga);
         products[0].1.push(gb);
         products[1].0.push(ha);
