@@ -16,6 +16,7 @@ struct PackedSubmit;
 struct ListRequest;
 struct ListGroup;
 struct ListPlanned;
+struct RowsRequest;
 
 // Reads and clears the device's deferred offs flag (OffsPending: nothing launched), plans
 // the launch once, and launches it at once when `workspace` holds enough bytes and the
@@ -38,6 +39,9 @@ void write_list_args(const ListPlan& plan, uint8_t* host, size_t bytes);
 // write_list_args wrote, copied there on the plan's stream.
 void launch_list(const ListPlan& plan, uint64_t device_args, uint64_t workspace,
                  size_t workspace_bytes);
+
+// Enqueues one row op of the MoE glue (device/rows.h) on the request's stream.
+void launch_rows(const RowsRequest& r);
 
 // Reads and clears the deferred offs flag of `device`.
 bool take_offs_error(int32_t device);

@@ -128,5 +128,13 @@ def list_out_shapes(
 def build_info() -> _BuildInfo:
     """What this build holds."""
 
+def moe_rows(
+    op: str,
+    out: Any,
+    x: Any,
+    y: Any | None = None,
+    index: Any | None = None,
+    weights: Any | None = None,
+) -> None: ...
 def take_offs_error(device: int) -> bool:
     """Reads and clears the flag CUDA kernels raise on invalid ``offs`` (no sync)."""

@@ -83,12 +83,30 @@ pub fn take_offs_error(device: i32) -> Result<bool> {
     }
 }
 
+/// Enqueues one validated row op of the MoE glue (`super::rows`).
+///
+/// # Safety
+/// The request's addresses are live device memory of its device, in use on its stream.
+pub(super) unsafe fn launch_rows(r: &ffi::RowsRequest) -> Result<()> {
+    check_compiled()?;
+    #[cfg(groupmm_cuda)]
+    {
+        // SAFETY: forwarded contract.
+        unsafe { ffi::launch_rows(r) }.map_err(seam)
+    }
+    #[cfg(not(groupmm_cuda))]
+    {
+        let _ = r;
+        unreachable!("checked above")
+    }
+}
+
 #[cfg(groupmm_cuda)]
 fn seam(e: cxx::Exception) -> Error {
     Error::Cuda(e.what().to_string())
 }
 
-fn ffi_dtype(d: DType) -> ffi::DType {
+pub(super) fn ffi_dtype(d: DType) -> ffi::DType {
     match d {
         DType::F16 => ffi::DType::F16,
         DType::BF16 => ffi::DType::BF16,

@@ -105,6 +105,51 @@ pub(crate) mod bridge {
         c: Operand,
     }
 
+    /// The row ops of the MoE glue (what each computes: cuda/device/rows.h, whose
+    /// `RowsOpC` has the same values; `crate::exec::rows` on the CPU).
+    #[repr(u8)]
+    #[derive(Debug)]
+    enum RowsOp {
+        /// `out[r, c] = silu(x[r, c]) * x[r, F + c]`.
+        Swiglu = 0,
+        /// The gradient of `Swiglu` w.r.t. its input `y`, from the output gradient `x`.
+        SwigluBackward = 1,
+        /// `out[t] = sum_j w[t, j] * x[index[t, j]]`.
+        GatherSum = 2,
+        /// `out[index[t, j]] = w[t, j] * x[t]`, every row written (zeros where unnamed).
+        ScatterRows = 3,
+        /// `out[t, j] = <x[t], y[index[t, j]]>`.
+        RowDots = 4,
+    }
+
+    /// One row op, validated by Rust (`crate::exec::rows`): every operand contiguous on
+    /// `device`; addresses of absent operands 0.
+    #[derive(Clone, Copy, Debug)]
+    struct RowsRequest {
+        op: RowsOp,
+        /// Of `x`, `y` and (but RowDots) `out`.
+        dtype: DType,
+        /// Of `weights` and of RowDots' `out`: `dtype` or F32.
+        w_dtype: DType,
+        device: i32,
+        /// Rows of `index` (`T`) and its columns (`k`).
+        tokens: i64,
+        top_k: i64,
+        /// Rows `R` of the expert-ordered operand.
+        rows: i64,
+        /// Columns: `F` for the SwiGLU ops (their `[R, 2F]` operands have twice as
+        /// many), `D` for the others.
+        cols: i64,
+        x: u64,
+        y: u64,
+        index: u64,
+        weights: u64,
+        out: u64,
+        /// ScatterRows: zeroed int32 `[rows]` device memory (the inverse permutation).
+        scratch: u64,
+        stream: u64,
+    }
+
     /// What [`submit_packed`] did.
     #[cfg(groupmm_cuda)]
     #[repr(u8)]
@@ -197,6 +242,13 @@ pub(crate) mod bridge {
             workspace: u64,
             workspace_bytes: usize,
         ) -> Result<()>;
+
+        /// Enqueues one row op of the MoE glue on `r.stream`.
+        ///
+        /// # Safety
+        /// The addresses are of live device memory of `r.device` that holds the shapes
+        /// the request names, used on `r.stream`.
+        unsafe fn launch_rows(r: &RowsRequest) -> Result<()>;
 
         /// Reads and clears the device's deferred offs flag (no sync).
         fn take_offs_error(device: i32) -> Result<bool>;

@@ -21,6 +21,7 @@
 
 pub(crate) mod cuda;
 pub(crate) mod ffi;
+pub(crate) mod rows;
 
 use crate::cpu;
 use crate::dtype::DType;

@@ -120,11 +120,20 @@ impl<'py> PyMem<'py> {
 
     /// Reads `offs` (int32), if given.
     pub fn offs(&mut self, obj: Option<&Bound<'py, PyAny>>) -> PyResult<Option<Offs>> {
+        self.int32("offs", obj)
+    }
+
+    /// Reads an int32 argument named `name` (`offs`, an index), if given.
+    pub fn int32(
+        &mut self,
+        name: &'static str,
+        obj: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Option<Offs>> {
         let Some(obj) = obj.filter(|o| !o.is_none()) else {
             return Ok(None);
         };
-        let a = tensor::read(self.py, &"offs", obj, true)?;
-        self.check_kind(&"offs", a.kind)?;
+        let a = tensor::read(self.py, &name, obj, true)?;
+        self.check_kind(&name, a.kind)?;
         let (ptr, layout, device) = (a.ptr, a.layout, a.device);
         let id = self.register(a.obj);
         Ok(Some(Offs {

@@ -221,6 +221,57 @@ fn grouped_mm_list_backward<'py>(
     })
 }
 
+/// One row op of the MoE glue (`crate::exec::rows`) into the caller's `out`: `op` is
+/// "swiglu", "swiglu_backward", "gather_sum", "scatter_rows" or "row_dots".
+#[pyfunction]
+#[pyo3(signature = (op, out, x, y=None, index=None, weights=None))]
+fn moe_rows<'py>(
+    py: Python<'py>,
+    op: &str,
+    out: &Bound<'py, PyAny>,
+    x: &Bound<'py, PyAny>,
+    y: Option<&Bound<'py, PyAny>>,
+    index: Option<&Bound<'py, PyAny>>,
+    weights: Option<&Bound<'py, PyAny>>,
+) -> PyResult<()> {
+    use exec::ffi::RowsOp;
+    guard(|| {
+        let op = match op {
+            "swiglu" => RowsOp::Swiglu,
+            "swiglu_backward" => RowsOp::SwigluBackward,
+            "gather_sum" => RowsOp::GatherSum,
+            "scatter_rows" => RowsOp::ScatterRows,
+            "row_dots" => RowsOp::RowDots,
+            _ => {
+                return Err(Error::Value(format!(
+                    "op: expected one of swiglu, swiglu_backward, gather_sum, scatter_rows, \
+                     row_dots, found {op:?}"
+                ))
+                .into())
+            }
+        };
+        let mut mem = PyMem::new(py);
+        let x = mem.reference("x", x)?;
+        let y = not_none(y).map(|t| mem.input(&"y", t)).transpose()?;
+        let index = mem.int32("inverse", index)?;
+        let weights = not_none(weights)
+            .map(|t| mem.input(&"weights", t))
+            .transpose()?;
+        let (_, out) = mem.output(&"out", out)?;
+        let call = exec::rows::RowsCall {
+            op,
+            x: &x,
+            y: y.as_ref(),
+            index: index.as_ref(),
+            weights: weights.as_ref(),
+            out: &out,
+        };
+        // SAFETY: the descriptions are of the argument objects, alive for the call; the
+        // Python caller allocates `out` fresh.
+        unsafe { exec::rows::run(&mut mem, &call) }.map_err(|e| mem.raise(e))
+    })
+}
+
 /// Output shape of a packed product from shapes alone (used by the fake kernels), or a
 /// `ValueError` from the shape rules.
 #[pyfunction]
@@ -298,6 +349,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(grouped_mm_backward, m)?)?;
     m.add_function(wrap_pyfunction!(grouped_mm_list, m)?)?;
     m.add_function(wrap_pyfunction!(grouped_mm_list_backward, m)?)?;
+    m.add_function(wrap_pyfunction!(moe_rows, m)?)?;
     m.add_function(wrap_pyfunction!(packed_out_shape, m)?)?;
     m.add_function(wrap_pyfunction!(list_out_shapes, m)?)?;
     m.add_function(wrap_pyfunction!(build_info, m)?)?;

@@ -1,0 +1,52 @@
+// The row kernels of the MoE glue (kernels in rows.cu): the memory-bound steps around the
+// grouped GEMMs of a routed expert block, each one pass over its rows, fp32 (fp64 for
+// float64) arithmetic, deterministic (fixed summation order, no atomics). What each op
+// computes (rows row-major and contiguous; `index` int32 [tokens, k]; `weights`
+// [tokens, k], optional, of the rows' dtype or float32):
+//
+//   Swiglu          out[r, c]  = silu(x[r, c]) * x[r, F + c]          x [R, 2F], out [R, F]
+//   SwigluBackward  out[r, c]  = x[r, c] * u * s * (1 + g * (1 - s)),  out[r, F + c] =
+//                   x[r, c] * g * s  with g = y[r, c], u = y[r, F + c], s = sigmoid(g)
+//                                                    x [R, F] (grad), y [R, 2F], out [R, 2F]
+//   GatherSum       out[t, :]  = sum_j w[t, j] * x[index[t, j], :]     x [R, D], out [T, D]
+//   ScatterRows     out[index[t, j], :] = w[t, j] * x[t, :]           x [T, D], out [R, D]
+//                   written row by row (every row once; rows no index names are zeros)
+//                   through the inverse permutation, which a first kernel writes into
+//                   `scratch` (int32 [R], zeroed by the caller) as assignment + 1
+//   RowDots         out[t, j]  = <x[t, :], y[index[t, j], :]>         x [T, D], y [R, D],
+//                                                                     out [T, k] (w's dtype)
+//
+// An index outside [0, R) contributes nothing (GatherSum, RowDots: zero) and writes
+// nothing (ScatterRows): never an access out of bounds. Plain C++ (host code includes it).
+#pragma once
+#include "device/types.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+
+namespace gmm {
+
+enum class RowsOpC : uint8_t { Swiglu = 0, SwigluBackward = 1, GatherSum = 2, ScatterRows = 3, RowDots = 4 };
+
+struct RowsArgs {
+  RowsOpC op = RowsOpC::Swiglu;
+  DType dtype = DType::BF16;    // of x, y and (but RowDots) out
+  DType w_dtype = DType::F32;   // of weights (and RowDots' out): dtype or F32
+  int64_t tokens = 0, top_k = 0, rows = 0, cols = 0;
+  const void* x = nullptr;
+  const void* y = nullptr;
+  const int32_t* index = nullptr;
+  const void* weights = nullptr;  // may be null: weight 1
+  void* out = nullptr;
+  int32_t* scratch = nullptr;  // ScatterRows: int32 [rows], zeroed
+  int sm_count = 1;
+  cudaStream_t stream = nullptr;
+};
+
+// Enqueues the op on a.stream (the caller made a's device current): "" on success, else a
+// message naming the failed call.
+std::string launch_rows(const RowsArgs& a);
+
+}  // namespace gmm

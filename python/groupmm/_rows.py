@@ -1,0 +1,138 @@
+"""The MoE glue's row ops: one pass each over the rows around the grouped GEMMs of a
+routed SwiGLU expert block, in Rust on the CPU and as CUDA kernels on the GPU
+(``_native.moe_rows``; what each computes: ``src/exec/rows.rs``), deterministic (fixed
+summation order, no atomics), fp32 arithmetic (fp64 for float64) and one rounding per
+output element.
+
+They are ``torch.library`` custom ops (``torch.ops.groupmm.swiglu`` ...) with fake
+kernels, so ``torch.compile`` traces them, and WITHOUT autograd formulas: they are the
+arithmetic of forward and backward formulas (``groupmm.moe``, ``groupmm.fused``), which
+run them with autograd off. :func:`differentiable` tells those formulas when they must
+use differentiable torch ops instead (a graph is being recorded, e.g. double backward).
+Eager calls on plain tensors go to the extension directly (no dispatcher round trip), as
+``_library`` does for the GEMMs.
+"""
+
+# NB: no ``from __future__ import annotations``: torch.library reads the annotations.
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import _native
+from ._library import direct
+
+__all__ = [
+    "differentiable",
+    "gather_sum",
+    "row_dots",
+    "scatter_rows",
+    "swiglu",
+    "swiglu_backward",
+]
+
+_rows = _native.moe_rows
+
+
+def differentiable(*tensors) -> bool:
+    """True when autograd records a graph through ``tensors`` (grad mode on and one of
+    them requires grad): the row ops have no autograd formula, so the caller must compose
+    differentiable torch ops instead."""
+    return torch.is_grad_enabled() and any(
+        isinstance(t, Tensor) and t.requires_grad for t in tensors
+    )
+
+
+def _index(inverse: Tensor) -> Tensor:
+    if inverse.dtype == torch.int32 and inverse.is_contiguous():
+        return inverse
+    return inverse.to(torch.int32).contiguous()
+
+
+def _weights(w: Optional[Tensor], rows: Tensor) -> Optional[Tensor]:
+    """Router weights as the kernels read them: contiguous, the rows' dtype or float32."""
+    if w is None:
+        return None
+    if w.dtype not in (rows.dtype, torch.float32):
+        w = w.float()
+    return w.contiguous()
+
+
+def _op(name: str, impl, fake):
+    """Registers ``impl`` as ``torch.ops.groupmm.<name>`` with ``fake`` and returns the
+    function the callers use: ``impl`` itself on plain eager tensors, the op otherwise."""
+    op = torch.library.custom_op(f"groupmm::{name}", mutates_args=())(impl)
+    op.register_fake(fake)
+
+    def call(*args):
+        return impl(*args) if direct(*args) else op(*args)
+
+    call.__name__ = name
+    call.__doc__ = impl.__doc__
+    return call
+
+
+def _swiglu(pre: Tensor) -> Tensor:
+    """``silu(gate) * up`` of ``pre = [gate | up]`` (``[R, 2F]`` → ``[R, F]``)."""
+    out = pre.new_empty(pre.shape[0], pre.shape[1] // 2)
+    _rows("swiglu", out, pre.contiguous())
+    return out
+
+
+def _swiglu_fake(pre):
+    return pre.new_empty(pre.shape[0], pre.shape[1] // 2)
+
+
+def _swiglu_backward(grad: Tensor, pre: Tensor) -> Tensor:
+    """``[d gate | d up]`` of :func:`swiglu` from its output gradient ``grad [R, F]``."""
+    out = torch.empty_like(pre, memory_format=torch.contiguous_format)
+    _rows("swiglu_backward", out, grad.contiguous(), pre.contiguous())
+    return out
+
+
+def _swiglu_backward_fake(grad, pre):
+    return torch.empty_like(pre, memory_format=torch.contiguous_format)
+
+
+def _gather_sum(y: Tensor, inverse: Tensor, weights: Optional[Tensor] = None) -> Tensor:
+    """``out[t] = sum_j weights[t, j] * y[inverse[t, j]]`` (a plain sum when ``weights``
+    is None): each token's ``k`` rows, summed in the order of ``j``."""
+    out = y.new_empty(inverse.shape[0], y.shape[1])
+    _rows("gather_sum", out, y.contiguous(), None, _index(inverse), _weights(weights, y))
+    return out
+
+
+def _gather_sum_fake(y, inverse, weights=None):
+    return y.new_empty(inverse.shape[0], y.shape[1])
+
+
+def _scatter_rows(grad: Tensor, inverse: Tensor, weights: Optional[Tensor], rows: int) -> Tensor:
+    """``out[inverse[t, j]] = weights[t, j] * grad[t]`` into ``[rows, D]``, written row by
+    row; rows that no index names (padding) are zero."""
+    out = grad.new_empty(rows, grad.shape[1])
+    _rows("scatter_rows", out, grad.contiguous(), None, _index(inverse), _weights(weights, grad))
+    return out
+
+
+def _scatter_rows_fake(grad, inverse, weights, rows):
+    return grad.new_empty(rows, grad.shape[1])
+
+
+def _row_dots(grad: Tensor, y: Tensor, inverse: Tensor, dtype: torch.dtype) -> Tensor:
+    """``out[t, j] = <grad[t], y[inverse[t, j]]>`` as ``dtype`` (``grad``'s dtype or
+    float32)."""
+    kernel_dtype = dtype if dtype in (grad.dtype, torch.float32) else torch.float32
+    out = grad.new_empty(inverse.shape, dtype=kernel_dtype)
+    _rows("row_dots", out, grad.contiguous(), y.contiguous(), _index(inverse))
+    return out.to(dtype)
+
+
+def _row_dots_fake(grad, y, inverse, dtype):
+    return grad.new_empty(inverse.shape, dtype=dtype)
+
+
+swiglu = _op("swiglu", _swiglu, _swiglu_fake)
+swiglu_backward = _op("swiglu_backward", _swiglu_backward, _swiglu_backward_fake)
+gather_sum = _op("gather_sum", _gather_sum, _gather_sum_fake)
+scatter_rows = _op("scatter_rows", _scatter_rows, _scatter_rows_fake)
+row_dots = _op("row_dots", _row_dots, _row_dots_fake)

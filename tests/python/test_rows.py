@@ -1,0 +1,169 @@
+"""The MoE glue's row ops (``groupmm._rows``: Rust on the CPU, CUDA kernels on the GPU)
+against independent float64 references written with loops and torch indexing: every
+dtype, vectorised and scalar column counts, padding rows, out-of-range indices, strided
+inputs, empty inputs, the custom ops (opcheck, torch.compile) and errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import DEVICES, F64, TOL
+from groupmm import _rows
+
+DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
+
+
+def _close(out, ref, dtype):
+    assert out.dtype == dtype
+    err = (out.double() - ref).norm() / max(ref.norm().item(), 1e-30)
+    assert err <= 2 * TOL[dtype], f"relative error {err:.2e}"
+
+
+def _routing(T, k, rows, device, gen):
+    """inverse [T, k]: distinct rows of [0, rows) (rows >= T*k: the rest is padding)."""
+    perm = torch.randperm(rows, generator=gen)[: T * k]
+    return perm.view(T, k).to(device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cols", [1, 8, 24, 40])
+def test_swiglu_and_backward(device, dtype, cols):
+    gen = torch.Generator().manual_seed(cols)
+    pre = (3 * torch.randn(37, 2 * cols, generator=gen, dtype=F64)).to(device, dtype)
+    grad = torch.randn(37, cols, generator=gen, dtype=F64).to(device, dtype)
+    p = pre.double().requires_grad_()
+    gate, up = p.chunk(2, dim=-1)
+    ref = F.silu(gate) * up
+    (d_ref,) = torch.autograd.grad(ref, p, grad.double())
+    _close(_rows.swiglu(pre), ref.detach(), dtype)
+    _close(_rows.swiglu_backward(grad, pre), d_ref, dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("weighted", [None, "same", "float32"])
+@pytest.mark.parametrize("cols", [3, 16, 64])
+def test_gather_scatter_dots(device, dtype, weighted, cols):
+    T, k, rows = 29, 3, 29 * 3 + 5  # five padding rows
+    gen = torch.Generator().manual_seed(cols + k)
+    inv = _routing(T, k, rows, device, gen)
+    y = torch.randn(rows, cols, generator=gen, dtype=F64).to(device, dtype)
+    grad = torch.randn(T, cols, generator=gen, dtype=F64).to(device, dtype)
+    w = None
+    if weighted:
+        w = torch.rand(T, k, generator=gen, dtype=F64).to(device)
+        w = w.to(dtype if weighted == "same" else torch.float32)
+    wd = torch.ones(T, k, dtype=F64, device=device) if w is None else w.double()
+
+    ref = torch.zeros(T, cols, dtype=F64, device=device)
+    for j in range(k):
+        ref += wd[:, j : j + 1] * y.double()[inv[:, j]]
+    _close(_rows.gather_sum(y, inv, w), ref, dtype)
+
+    ref_dy = torch.zeros(rows, cols, dtype=F64, device=device)
+    ref_dy[inv.reshape(-1)] = (wd.unsqueeze(2) * grad.double().unsqueeze(1)).reshape(-1, cols)
+    dy = _rows.scatter_rows(grad, inv, w, rows)
+    _close(dy, ref_dy, dtype)
+    named = torch.zeros(rows, dtype=torch.bool, device=device)
+    named[inv.reshape(-1)] = True
+    assert (dy[~named] == 0).all(), "padding rows must be exact zeros"
+
+    dot_dtype = torch.float32 if w is None else w.dtype
+    ref_dots = (grad.double().unsqueeze(1) * y.double()[inv]).sum(-1)
+    _close(_rows.row_dots(grad, y, inv, dot_dtype), ref_dots, dot_dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_out_of_range_indices_read_and_write_nothing(device):
+    y = torch.arange(12.0, device=device).view(4, 3)
+    inv = torch.tensor([[0, 7], [-1, 2]], device=device)
+    torch.testing.assert_close(_rows.gather_sum(y, inv), torch.stack([y[0], y[2]]), rtol=0, atol=0)
+    grad = torch.ones(2, 3, device=device)
+    dy = _rows.scatter_rows(grad, inv, None, 4)
+    assert dy.sum().item() == 6 and (dy[0] == 1).all() and (dy[2] == 1).all()
+    dots = _rows.row_dots(grad, y, inv, torch.float32)
+    torch.testing.assert_close(dots, torch.tensor([[3.0, 0.0], [0.0, 21.0]], device=device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_strided_inputs_and_int32_index(device):
+    base = torch.randn(10, 16, dtype=F64, device=device)
+    y = base[:, ::2]  # strided: copied to contiguous by the wrapper
+    inv = torch.tensor([[1, 3], [5, 7], [9, 0]], dtype=torch.int32, device=device)
+    ref = y[inv[:, 0].long()] + y[inv[:, 1].long()]
+    torch.testing.assert_close(_rows.gather_sum(y, inv), ref)
+    pre = base.t()  # [16, 10]
+    gate, up = pre.chunk(2, dim=-1)
+    torch.testing.assert_close(_rows.swiglu(pre), F.silu(gate) * up)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_empty(device):
+    y = torch.randn(0, 4, device=device)
+    inv = torch.zeros(0, 2, dtype=torch.long, device=device)
+    assert _rows.gather_sum(y, inv).shape == (0, 4)
+    assert _rows.scatter_rows(torch.zeros(0, 4, device=device), inv, None, 3).abs().sum() == 0
+    assert _rows.row_dots(torch.zeros(0, 4, device=device), y, inv, torch.float32).shape == (0, 2)
+    assert _rows.swiglu(torch.randn(0, 6, device=device)).shape == (0, 3)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    gen = torch.Generator().manual_seed(3)
+    pre = torch.randn(6, 8, generator=gen).to(device)
+    grad = torch.randn(6, 4, generator=gen).to(device)
+    inv = torch.randperm(6, generator=gen).view(3, 2).to(device)
+    w = torch.rand(3, 2, generator=gen).to(device)
+    y = torch.randn(6, 4, generator=gen).to(device)
+    g = torch.randn(3, 4, generator=gen).to(device)
+    ops = torch.ops.groupmm
+    cases = [
+        (ops.swiglu, (pre,)),
+        (ops.swiglu_backward, (grad, pre)),
+        (ops.gather_sum, (y, inv, w)),
+        (ops.gather_sum, (y, inv, None)),
+        (ops.scatter_rows, (g, inv, w, 7)),
+        (ops.row_dots, (g, y, inv, torch.float32)),
+    ]
+    for op, args in cases:
+        torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_fullgraph(device):
+    gen = torch.Generator().manual_seed(4)
+    y = torch.randn(8, 4, generator=gen).to(device)
+    inv = torch.randperm(8, generator=gen).view(4, 2).to(device)
+    w = torch.rand(4, 2, generator=gen).to(device)
+
+    def f(y, inv, w):
+        out = _rows.gather_sum(y, inv, w)
+        return _rows.scatter_rows(out, inv, w, 8) + _rows.swiglu(torch.cat([y, y], 1))
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(y, inv, w), f(y, inv, w))
+
+
+def test_errors_name_the_argument():
+    from groupmm import _native
+
+    y = torch.randn(4, 3)
+    inv = torch.zeros(2, 2, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"out: expected shape \[2, 3\]"):
+        _native.moe_rows("gather_sum", torch.empty(2, 4), y, None, inv)
+    with pytest.raises(TypeError, match="inverse: expected dtype torch.int32"):
+        _native.moe_rows("gather_sum", torch.empty(2, 3), y, None, inv.long())
+    with pytest.raises(TypeError, match="weights: expected dtype torch.float32"):
+        _native.moe_rows("gather_sum", torch.empty(2, 3), y, None, inv, torch.ones(2, 2, dtype=F64))
+    with pytest.raises(ValueError, match="weights: expected shape"):
+        _native.moe_rows("gather_sum", torch.empty(2, 3), y, None, inv, torch.ones(2, 3))
+    with pytest.raises(ValueError, match="pre: expected an even last dimension"):
+        _native.moe_rows("swiglu", torch.empty(4, 1), y)
+    with pytest.raises(ValueError, match="y: expected a contiguous tensor"):
+        _native.moe_rows("gather_sum", torch.empty(2, 2), y[:, ::2], None, inv)
+    with pytest.raises(ValueError, match="op: expected one of"):
+        _native.moe_rows("nope", torch.empty(2, 3), y)
+    with pytest.raises(TypeError, match="out: expected dtype torch.float32"):
+        _native.moe_rows("swiglu", torch.empty(4, 1, dtype=F64), torch.randn(4, 2))
