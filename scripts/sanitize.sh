@@ -37,7 +37,7 @@ for tool in $TOOLS; do
     else
       extra=()
       [ "$tool" = initcheck ] && extra=(--check-api-memory-access no)
-      env "${env[@]}" PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "$LIMIT" \
+      env "${env[@]}" SAN_TOOL="$tool" PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "$LIMIT" \
         compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 9 --print-limit 20 \
         --show-backtrace yes python3 scripts/sanitize_cases.py > "$log" 2>&1
       rc=$?

@@ -6,17 +6,21 @@ so that the glue around the grouped GEMMs has one place to be fused into them:
 - :func:`expert_down`: ``out[t] = sum_j weights[t, j] * (h @ w_out[g])[inverse[t, j]]``
   (the down projection, the router weights and the top-k combine back to token order).
 
-Both are ``torch.library`` custom ops (``torch.ops.groupmm.expert_up`` /
-``expert_down``) with fake kernels and autograd formulas built from differentiable ops
-(double backward, ``torch.compile(fullgraph=True)``, ``opcheck``), on CPU and CUDA.
+Both run as ``torch.library`` custom ops with fake kernels and autograd formulas
+(``torch.compile(fullgraph=True)``, ``opcheck``, double backward through differentiable
+fallbacks), on CPU and CUDA: ``expert_up`` is ``torch.ops.groupmm.swiglu_act`` over
+``torch.ops.groupmm.gather_mm`` (two ops, so that autograd frees the pre-activation
+before the weight-gradient GEMM), ``expert_down`` is ``torch.ops.groupmm.expert_down``.
 
-What runs today, on every device, is the composition of groupmm's grouped GEMM with
-torch's gathers and element-wise ops: the same arithmetic as ``MoELayer``'s unfused path
-(results agree to rounding), with less activation memory: the backward re-gathers
-``x[src]`` instead of keeping it, and keeps the pre-activation instead of
-``silu(gate)``. The fused CUDA kernels (the varlen kernels reading A rows through
-``src``, SwiGLU and router-weight epilogues) replace the composition behind these
-signatures without changing what they compute.
+What runs: groupmm's grouped GEMMs, with the glue as one-pass row kernels
+(``groupmm._rows``: CUDA kernels on the GPU, Rust on the CPU): SwiGLU and its backward,
+the weighted top-k combine and its backward (row scatter in row order, router-weight
+dot products). Activation memory is lower than the unfused layer's: the backward
+re-gathers ``x[src]`` instead of keeping it, keeps the pre-activation and not
+``silu(gate)``, and the router-weight gradient reads the down projection's output once.
+Not done yet (issue 13): the gather and the SwiGLU inside the GEMM itself (A rows read
+through ``src``, an activation epilogue), which would remove the ``[R, D]`` gather and
+the ``[R, 2F]`` pre-activation round trip; they go behind these signatures.
 
 Determinism: no atomics anywhere; the gradient of ``x`` sums each token's ``k`` rows
 through ``inverse`` (:func:`groupmm.moe.sum_copies`).
@@ -26,9 +30,9 @@ through ``inverse`` (:func:`groupmm.moe.sum_copies`).
 from typing import Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
+from . import _rows
 from ._api import grouped_mm
 from .moe import _is_integer, combine, combine_backward, sum_copies
 from .nn import _check_tensor
@@ -46,8 +50,12 @@ def _check(name: str, t, dims: int, what: str, integer: bool = False) -> None:
 
 def swiglu_backward(grad: Tensor, pre: Tensor) -> Tensor:
     """Gradient of ``silu(gate) * up`` w.r.t. ``pre = [gate | up]`` (the last dimension's
-    halves), from differentiable ops: ``d gate = grad * up * s * (1 + gate * (1 - s))``
-    with ``s = sigmoid(gate)``, ``d up = grad * silu(gate)``."""
+    halves): ``d gate = grad * up * s * (1 + gate * (1 - s))`` with ``s = sigmoid(gate)``,
+    ``d up = grad * silu(gate)``. One pass (``_rows.swiglu_backward``) for 2-D operands;
+    from differentiable ops while autograd records a graph through them (double
+    backward)."""
+    if grad.dim() == 2 and pre.dim() == 2 and not _rows.differentiable(grad, pre):
+        return _rows.swiglu_backward(grad, pre)
     gate, up = pre.chunk(2, dim=-1)
     s = torch.sigmoid(gate)
     d_gate = grad * up * s * (1 + gate * (1 - s))
@@ -58,40 +66,54 @@ def swiglu_backward(grad: Tensor, pre: Tensor) -> Tensor:
 # --------------------------------------------------------------------------- expert_up
 
 
-@torch.library.custom_op("groupmm::expert_up", mutates_args=())
-def _expert_up(
-    x: Tensor, w: Tensor, offs: Tensor, src: Tensor, inverse: Tensor
-) -> Tuple[Tensor, Tensor]:
-    pre = grouped_mm(x.index_select(0, src), w, offs=offs)
-    gate, up = pre.chunk(2, dim=-1)
-    return F.silu(gate) * up, pre
+@torch.library.custom_op("groupmm::gather_mm", mutates_args=())
+def _gather_mm(x: Tensor, w: Tensor, offs: Tensor, src: Tensor, inverse: Tensor) -> Tensor:
+    return grouped_mm(x.index_select(0, src), w, offs=offs)
 
 
-@_expert_up.register_fake
-def _expert_up_fake(x, w, offs, src, inverse):
-    rows, n2 = src.shape[0], w.shape[-1]
-    return x.new_empty(rows, n2 // 2), x.new_empty(rows, n2)
+@_gather_mm.register_fake
+def _gather_mm_fake(x, w, offs, src, inverse):
+    return x.new_empty(src.shape[0], w.shape[-1])
 
 
-def _expert_up_setup(ctx, inputs, output):
+def _gather_mm_setup(ctx, inputs, output):
     x, w, offs, src, inverse = inputs
-    ctx.save_for_backward(x, w, offs, src, inverse, output[1])
+    ctx.save_for_backward(x, w, offs, src, inverse)  # not x[src]: re-gathered when needed
 
 
-def _expert_up_grad(ctx, d_act, d_pre):
-    x, w, offs, src, inverse, pre = ctx.saved_tensors
-    g = swiglu_backward(d_act, pre)
-    if d_pre is not None:  # only under double backward
-        g = g + d_pre
+def _gather_mm_grad(ctx, d_pre):
+    x, w, offs, src, inverse = ctx.saved_tensors
     dx = dw = None
     if ctx.needs_input_grad[0]:
-        dx = sum_copies(grouped_mm(g, w.transpose(-2, -1), offs=offs), inverse)
+        dx = sum_copies(grouped_mm(d_pre, w.transpose(-2, -1), offs=offs), inverse)
     if ctx.needs_input_grad[1]:
-        dw = grouped_mm(x.index_select(0, src).t(), g, offs=offs)
+        dw = grouped_mm(x.index_select(0, src).t(), d_pre, offs=offs)
     return dx, dw, None, None, None
 
 
-_expert_up.register_autograd(_expert_up_grad, setup_context=_expert_up_setup)
+_gather_mm.register_autograd(_gather_mm_grad, setup_context=_gather_mm_setup)
+
+
+@torch.library.custom_op("groupmm::swiglu_act", mutates_args=())
+def _swiglu_act(pre: Tensor) -> Tensor:
+    return _rows.swiglu(pre)
+
+
+@_swiglu_act.register_fake
+def _swiglu_act_fake(pre):
+    return pre.new_empty(pre.shape[0], pre.shape[1] // 2)
+
+
+def _swiglu_act_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0])
+
+
+def _swiglu_act_grad(ctx, d_act):
+    (pre,) = ctx.saved_tensors
+    return swiglu_backward(d_act, pre)
+
+
+_swiglu_act.register_autograd(_swiglu_act_grad, setup_context=_swiglu_act_setup)
 
 
 def expert_up(x: Tensor, w: Tensor, offs: Tensor, src: Tensor, inverse: Tensor) -> Tensor:
@@ -126,7 +148,7 @@ def expert_up(x: Tensor, w: Tensor, offs: Tensor, src: Tensor, inverse: Tensor) 
             f"inverse: expected shape [T={x.shape[0]}, k] with T*k = R = {src.shape[0]} "
             f"(the length of src), found {list(inverse.shape)}"
         )
-    return _expert_up(x, w, offs, src, inverse)[0]
+    return _swiglu_act(_gather_mm(x, w, offs, src, inverse))
 
 
 # --------------------------------------------------------------------------- expert_down
@@ -148,18 +170,22 @@ def _expert_down_fake(h, w, offs, inverse, weights):
 def _expert_down_setup(ctx, inputs, output):
     h, w, offs, inverse, weights = inputs
     ctx.save_for_backward(h, w, offs, inverse, weights, output[1])
+    ctx.set_materialize_grads(False)  # as in expert_up: no zero gradient for y
 
 
 def _expert_down_grad(ctx, d_out, d_y):
     h, w, offs, inverse, weights, y = ctx.saved_tensors
     need_h, need_w, _, _, need_weights = ctx.needs_input_grad
     need_y = need_h or need_w
-    dy, dweights = combine_backward(
-        d_out, y, inverse, weights, need_y, weights is not None and need_weights
-    )
-    if d_y is not None and dy is not None:  # only under double backward
-        dy = dy + d_y
-    dh = dw = None
+    dy = dweights = dh = dw = None
+    if d_out is not None:
+        dy, dweights = combine_backward(
+            d_out, y, inverse, weights, need_y, weights is not None and need_weights
+        )
+    if d_y is not None and need_y:  # only when y is used (double backward)
+        dy = d_y if dy is None else dy + d_y
+    if dy is None:
+        return dh, dw, None, None, dweights
     if need_h:
         dh = grouped_mm(dy, w.transpose(-2, -1), offs=offs)
     if need_w:

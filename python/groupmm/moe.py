@@ -26,6 +26,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from . import _rows
 from .nn import GroupedExperts, _check_positive_int, _check_tensor
 
 __all__ = [
@@ -254,9 +255,12 @@ def _routes(expert_ids: torch.Tensor, num_experts: int, pad_to: int | None) -> _
 
 
 def sum_copies(grad: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
-    """``out[t] = sum_j grad[inverse[t, j]]``: each token's ``k`` rows summed, as ``k``
-    gathers of ``[T, D]`` accumulated in float32 or wider (deterministic, no atomics, no
-    ``[T*k, D]`` temporary). The backward of a row gather by token."""
+    """``out[t] = sum_j grad[inverse[t, j]]``: each token's ``k`` rows summed in fp32 or
+    wider (deterministic, no atomics, no ``[T*k, D]`` temporary). The backward of a row
+    gather by token: one pass (``_rows.gather_sum``), or, while autograd records a graph
+    through ``grad`` (double backward), ``k`` differentiable gathers."""
+    if not _rows.differentiable(grad):
+        return _rows.gather_sum(grad, inverse, None)
     acc = torch.promote_types(grad.dtype, torch.float32)
     out = grad.index_select(0, inverse[:, 0]).to(acc)
     for j in range(1, inverse.shape[1]):
@@ -265,9 +269,12 @@ def sum_copies(grad: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
 
 
 def combine(y: torch.Tensor, inverse: torch.Tensor, w: torch.Tensor | None) -> torch.Tensor:
-    """``out[t] = sum_j w[t, j] * y[inverse[t, j]]`` (a plain sum without ``w``): one
-    gather and one batched ``[1, k] x [k, D]`` product. Not differentiable by itself:
-    :func:`combine_backward` is its backward."""
+    """``out[t] = sum_j w[t, j] * y[inverse[t, j]]`` (a plain sum without ``w``), summed in
+    fp32: one pass (``_rows.gather_sum``), or, while autograd records a graph through
+    ``y`` or ``w``, a gather and a batched ``[1, k] x [k, D]`` product. Its backward is
+    :func:`combine_backward`."""
+    if not _rows.differentiable(y, w):
+        return _rows.gather_sum(y, inverse, w)
     num_tokens, top_k = inverse.shape
     rows = y.index_select(0, inverse.reshape(-1)).view(num_tokens, top_k, y.shape[1])
     if w is None:
@@ -276,12 +283,17 @@ def combine(y: torch.Tensor, inverse: torch.Tensor, w: torch.Tensor | None) -> t
 
 
 def combine_backward(grad, y, inverse, w, need_y: bool, need_w: bool):
-    """``(grad_y, grad_w)`` of :func:`combine`, each None unless asked for; built from
-    differentiable ops (double backward), deterministic, one ``[R, D]`` temporary at a
-    time: ``grad_w[t, j] = <grad[t], y[inverse[t, j]]>`` (a gather and a batched
-    product), then ``grad_y`` in row order as one gather of ``grad`` by each row's
-    token, scaled in place by the row's weight (rows no assignment names, i.e. padding,
-    get weight 0)."""
+    """``(grad_y, grad_w)`` of :func:`combine`, each None unless asked for, deterministic:
+    ``grad_w[t, j] = <grad[t], y[inverse[t, j]]>`` and ``grad_y[inverse[t, j]] = w[t, j]
+    * grad[t]`` (rows no assignment names, i.e. padding, zero). One pass each
+    (``_rows.row_dots``, ``_rows.scatter_rows``); while autograd records a graph through
+    the inputs (double backward), differentiable ops with one ``[R, D]`` temporary at a
+    time: a gather and a batched product, then one gather of ``grad`` by each row's token
+    scaled in place by the row's weight."""
+    if not _rows.differentiable(grad, y, w):
+        dw = _rows.row_dots(grad, y, inverse, w.dtype) if w is not None and need_w else None
+        dy = _rows.scatter_rows(grad, inverse, w, y.shape[0]) if need_y else None
+        return dy, dw
     num_tokens, top_k = inverse.shape
     flat = inverse.reshape(-1)
     dy = dw = None
@@ -407,10 +419,13 @@ class MoELayer(nn.Module):
         pad_to: pad each expert group to a multiple of this (see :func:`permute`).
         fused: run the experts as :func:`groupmm.fused.expert_up` and
             :func:`groupmm.fused.expert_down` (gather, up projection and SwiGLU as one
-            operation; down projection, router weights and combine as another): needs
-            ``activation="swiglu"``, ``bias=False`` and no ``pad_to``. Same results to
-            rounding; less activation memory. Off by default until the fused CUDA
-            kernels behind those operations are measured faster (issue 13).
+            operation; down projection, router weights and combine as another; their
+            glue in one-pass row kernels): needs ``activation="swiglu"``,
+            ``bias=False`` and no ``pad_to``. Same results to rounding, less activation
+            memory, faster on every measured configuration (README, "Whole MoE
+            layers"). ``None`` (default): fused whenever the layer allows it;
+            ``False``: the unfused path (permute, :class:`~groupmm.nn.GroupedExperts`,
+            unpermute).
         device, dtype: factory arguments.
     """
 
@@ -427,16 +442,19 @@ class MoELayer(nn.Module):
         normalize: bool | None = None,
         aux_loss_coef: float = 0.01,
         pad_to: int | None = None,
-        fused: bool = False,
+        fused: bool | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         if pad_to is not None:
             _check_positive_int("pad_to", pad_to)
-        if not isinstance(fused, bool):
-            raise TypeError(f"fused: expected a bool, found {fused!r}")
-        if fused and (activation != "swiglu" or bias or pad_to not in (None, 1)):
+        if fused is not None and not isinstance(fused, bool):
+            raise TypeError(f"fused: expected a bool or None, found {fused!r}")
+        fusable = activation == "swiglu" and not bias and pad_to in (None, 1)
+        if fused is None:
+            fused = fusable
+        if fused and not fusable:
             raise ValueError(
                 "fused: needs activation='swiglu', bias=False and pad_to=None, found "
                 f"activation={activation!r}, bias={bias}, pad_to={pad_to}"

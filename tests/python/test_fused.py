@@ -115,7 +115,9 @@ def test_opcheck_expert_ops():
     x, ids, w_in, w_out, weights, r = _setup(T=4, D=3, Fh=2, E=3, k=2)
     x.requires_grad_()
     w_in.requires_grad_()
-    torch.library.opcheck(torch.ops.groupmm.expert_up.default, (x, w_in, r.offs, r.src, r.inverse))
+    torch.library.opcheck(torch.ops.groupmm.gather_mm.default, (x, w_in, r.offs, r.src, r.inverse))
+    pre = torch.randn(r.src.shape[0], 4, dtype=F64, requires_grad=True)
+    torch.library.opcheck(torch.ops.groupmm.swiglu_act.default, (pre,))
     h = torch.randn(r.src.shape[0], 2, dtype=F64, requires_grad=True)
     w_out = w_out.requires_grad_()
     for wts in (weights.requires_grad_(), None):
@@ -157,3 +159,11 @@ def test_fused_bad_arguments():
         MoELayer(4, 4, 2, 1, pad_to=8, fused=True)
     with pytest.raises(TypeError, match="fused: expected a bool"):
         MoELayer(4, 4, 2, 1, fused=1)
+
+
+def test_moe_layer_fuses_by_default_when_it_can():
+    assert MoELayer(4, 4, 2, 1).fused is True
+    assert MoELayer(4, 4, 2, 1, fused=False).fused is False
+    assert MoELayer(4, 4, 2, 1, activation="gelu").fused is False
+    assert MoELayer(4, 4, 2, 1, bias=True).fused is False
+    assert MoELayer(4, 4, 2, 1, pad_to=8).fused is False
