@@ -7,10 +7,10 @@ and against the plain layer most code writes, in one process, same weights and r
 
 Implementations (every one is router -> permute -> experts -> combine, SwiGLU experts):
 
-- ``groupmm``: ``groupmm.moe.MoELayer`` as it is (groupmm's grouped GEMMs; dispatch and
-  combine whose backward is gathers, no ``index_put``);
-- ``fused``: ``MoELayer(fused=True)``: ``groupmm.fused.expert_up`` / ``expert_down``
-  (composed today; the fused kernels of issue 13 go behind them);
+- ``groupmm``: ``groupmm.moe.MoELayer(fused=False)`` (groupmm's grouped GEMMs; dispatch
+  and combine whose backward is row kernels, no ``index_put``);
+- ``fused``: ``MoELayer``'s default path, ``groupmm.fused.expert_up`` / ``expert_down``
+  (the glue in one-pass row kernels, ``groupmm._rows``);
 - ``torch-gmm``: the same ``MoELayer`` with ``torch.nn.functional.grouped_mm`` swapped in
   for the two grouped products (so the difference to ``groupmm`` is the GEMMs alone);
 - ``plain``: ``F.grouped_mm`` with the glue most MoE code writes: ``x[src]`` to dispatch,
@@ -274,10 +274,10 @@ def main(argv=None) -> int:
                     " ".join(_fmt(res[i][j], 2**20 if j == 2 else 1.0) for i in impls)
                     for j in range(3)
                 ]
-                f = res["fused"][1]
+                fz = res["fused"][1]
                 speed = [
                     _fmt(res[i][1] / base if res[i][1] and base else None)
-                    for base in (g, f)
+                    for base in (g, fz)
                     for i in ("torch-gmm", "plain")
                 ]
                 print(f"{cname} {T} {kind} | " + " | ".join(cells) + " | " + " ".join(speed))

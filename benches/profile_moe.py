@@ -1,6 +1,6 @@
 """Where a whole MoE layer's GPU time goes: torch.profiler over forward+backward steps of
-bench_moe.py's layers (groupmm's MoELayer and the plain F.grouped_mm layer), kernels
-grouped by name, per step.
+bench_moe.py's layers (groupmm's MoELayer, its fused path, and the plain F.grouped_mm
+layer), kernels grouped by name, per step.
 
     cd benches && python3 profile_moe.py [--config qwen3] [--tokens 4096] [--steps 5]
 """
@@ -32,7 +32,11 @@ def main(argv=None) -> int:
     x = torch.randn(args.tokens, d, device=dev, dtype=torch.bfloat16, requires_grad=True)
     gy = torch.randn_like(x)
     plain = Plain(layer)
-    impls = (("groupmm", lambda: moe_forward(layer, x, ids)), ("plain", lambda: plain(x, ids)))
+    impls = (
+        ("groupmm", lambda: moe_forward(layer, x, ids)),
+        ("fused", lambda: moe_forward(layer, x, ids, fused=True)),
+        ("plain", lambda: plain(x, ids)),
+    )
     for name, fn in impls:
 
         def step(fn=fn):
