@@ -20,6 +20,7 @@ __all__ = [
     "grouped_mm_list",
     "grouped_mm_list_backward",
     "list_out_shapes",
+    "moe_rows",
     "packed_out_shape",
     "take_offs_error",
 ]
