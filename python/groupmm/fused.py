@@ -170,7 +170,7 @@ def _expert_down_fake(h, w, offs, inverse, weights):
 def _expert_down_setup(ctx, inputs, output):
     h, w, offs, inverse, weights = inputs
     ctx.save_for_backward(h, w, offs, inverse, weights, output[1])
-    ctx.set_materialize_grads(False)  # as in expert_up: no zero gradient for y
+    ctx.set_materialize_grads(False)  # y has no gradient unless used: no zeros for it
 
 
 def _expert_down_grad(ctx, d_out, d_y):
