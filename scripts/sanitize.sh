@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # compute-sanitizer over groupmm's CUDA case list (scripts/sanitize_cases.py): memcheck,
-# racecheck, synccheck and initcheck, once per kernel path (groupmm's varlen kernels, and
+# racecheck, synccheck and initcheck, once per kernel path (groupmm's varlen kernels, the
+# gathering varlen kernel with GROUPMM_SM90_GATHER=1 ("gather"), and
 # the CUTLASS ptr-array kernels in each sm90 tile configuration, which the case list's
 # shapes reach with GROUPMM_SM90_VARLEN=0 / GROUPMM_SM90_CONFIG), every form and dtype.
 # Prints one summary line per tool and exits non-zero on any report (or a tool failure).
@@ -21,13 +22,15 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/sanitize}
 mkdir -p "$OUT"
 TOOLS=${TOOLS:-memcheck racecheck synccheck initcheck unwritten}
-PATHS=${PATHS:-varlen 128x256 128x128 ping64x128}
+PATHS=${PATHS:-varlen gather 128x256 128x128 ping64x128}
 LIMIT=${SAN_TIMEOUT:-600}
 status=0
 for tool in $TOOLS; do
   total=0 runs=0 failed=0
   for path in $PATHS; do
-    if [ "$path" = varlen ]; then env=(GROUPMM_SM90_VARLEN=auto); else env=(GROUPMM_SM90_VARLEN=0 GROUPMM_SM90_CONFIG="$path"); fi
+    if [ "$path" = varlen ]; then env=(GROUPMM_SM90_VARLEN=auto)
+    elif [ "$path" = gather ]; then env=(GROUPMM_SM90_VARLEN=auto GROUPMM_SM90_GATHER=1)
+    else env=(GROUPMM_SM90_VARLEN=0 GROUPMM_SM90_CONFIG="$path"); fi
     log="$OUT/$tool-$path.log"
     if [ "$tool" = unwritten ]; then
       env "${env[@]}" timeout "$LIMIT" python3 scripts/poison_outputs.py > "$log" 2>&1

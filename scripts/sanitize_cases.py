@@ -3,7 +3,7 @@ scripts/sanitize.sh): every form and dtype, forward and backward, the list form 
 smallest calls among them), K = 0, 16-bit groups at the varlen tile's boundaries, and bad
 offs (decreasing, negative, past the end) that must never read or write out of bounds;
 the MoE glue's row kernels (every op and dtype, vectorised and scalar widths, padding rows,
-out-of-range indices) and a fused MoE layer's forward and backward.
+out-of-range indices), the gathered product, and a fused MoE layer's forward and backward.
 
     compute-sanitizer --tool memcheck --error-exitcode 9 python3 scripts/sanitize_cases.py
 """
@@ -88,10 +88,31 @@ def main() -> int:
             torch.cuda.synchronize()
             n += 1
         groupmm._native.take_offs_error(0)
+    n += gathered(dev)
     n += moe_rows(dev)
     torch.cuda.synchronize()
     print(f"sanitize cases: {n} calls done")
     return 0
+
+
+def gathered(dev) -> int:
+    """The gathered product (_native.gather_mm): groups around the 128-row tile, rows past
+    the last group, out-of-range and repeated indices, both weight majors; the gathering
+    varlen kernel under GROUPMM_SM90_GATHER=1 (sanitize.sh's "gather" path)."""
+    n = 0
+    for dtype in (torch.bfloat16, torch.float16):
+        sizes = [0, 1, 127, 128, 129, 0, 200]
+        offs = torch.tensor(sizes, device=dev).cumsum(0).to(torch.int32)
+        R, T, K, N = sum(sizes) + 5, 70, 72, 264
+        x = torch.randn(T, K, device=dev, dtype=dtype)
+        index = torch.randint(-3, T + 3, (R,), device=dev, dtype=torch.int32)
+        for w in (
+            torch.randn(len(sizes), K, N, device=dev, dtype=dtype),
+            torch.randn(len(sizes), N, K, device=dev, dtype=dtype).transpose(1, 2),
+        ):
+            groupmm._native.gather_mm(x, w, offs, index)
+            n += 1
+    return n
 
 
 def moe_rows(dev) -> int:

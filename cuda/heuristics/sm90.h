@@ -28,4 +28,11 @@ const char* sm90_pick_config(const Sm90Shape& s);
 // (whenever they can) overrides the rule (read once per process).
 bool sm90_use_varlen(const Sm90Shape& s);
 
+// True when a GroupedM call with gathered A rows (PackedRequest::a_index) should read them
+// inside the GEMM (the varlen_m_gather kernels) rather than have the caller gather them
+// into an [R, K] copy first. Off unless GROUPMM_SM90_GATHER=1 (read once per process):
+// measured slower than gather-then-GEMM on every MoE shape tried (benches/NOTES-gpu.md,
+// run 10), it saves only the copy's memory.
+bool sm90_gather_in_gemm();
+
 }  // namespace gmm

@@ -31,9 +31,13 @@ std::string context(const PackedRequest& r) {
 
 // The varlen kernels (kernels/varlen.h) for a GroupedM call with row-major activations or
 // a GroupedK call with M-major A (x^T of row-major x) and row-major B (dY), 16-bit, where
-// the sm90 rule picks them: fills pl.varlen / pl.va and returns true.
+// the sm90 rule picks them: fills pl.varlen / pl.va and returns true. A gathered GroupedM
+// call (r.a_index) takes them wherever they can read it, when sm90_gather_in_gemm() (off
+// by default: gathering first measured faster).
 bool plan_varlen(const PackedRequest& r, const PackedDesc& d, PackedPlan& pl) {
   varlen::Args& x = pl.va;
+  const bool gather = r.a_index != 0;
+  if (gather && !sm90_gather_in_gemm()) return false;
   if (r.form == Form::GroupedM && d.a.major == kRowMajor) {
     x.mode = varlen::Mode::M;
     x.b_k_major = d.b.major == kColMajor;
@@ -46,6 +50,8 @@ bool plan_varlen(const PackedRequest& r, const PackedDesc& d, PackedPlan& pl) {
   }
   x.a = reinterpret_cast<const void*>(d.a.ptr);
   x.lda = d.a.ld;
+  x.gather = reinterpret_cast<const int*>(r.a_index);
+  x.a_rows = r.a.rows;
   x.b = reinterpret_cast<const void*>(d.b.ptr);
   x.ldb = d.b.ld;
   x.ldb_batch = d.b.bs;
@@ -66,9 +72,9 @@ bool plan_varlen(const PackedRequest& r, const PackedDesc& d, PackedPlan& pl) {
   s.n = d.n;
   s.k = d.k;
   s.sm_count = pl.dev.sm_count;
-  if (!varlen::can_run(x) || !sm90_use_varlen(s)) return false;
+  if (!varlen::can_run(x) || !(gather || sm90_use_varlen(s))) return false;
   pl.varlen = find_kernel(Engine::kSm90Varlen, r.dtype, r.out_dtype,
-                          x.mode == varlen::Mode::M ? "varlen_m" : "varlen_k");
+                          gather ? "varlen_m_gather" : x.mode == varlen::Mode::M ? "varlen_m" : "varlen_k");
   return pl.varlen != nullptr;
 }
 
@@ -103,6 +109,10 @@ PackedPlan plan_packed(const PackedRequest& r, const DevInfo& dev) {
   pl.combo = combo_of(d.a.major, d.b.major);
   Engines en = engines(r.dtype, r.out_dtype, r.allow_tf32, dev);
   if (en.has_primary && en.primary == Engine::kSm90Tma && plan_varlen(r, d, pl)) return pl;
+  if (r.a_index != 0) {  // only the varlen kernels gather rows: the caller gathers them
+    pl.need_gather = true;
+    return pl;
+  }
   const char* config = "";
   if (en.has_primary && en.primary == Engine::kSm90Tma) {
     Sm90Shape s;
@@ -211,7 +221,14 @@ PackedSubmit submit_packed(const PackedRequest& r, uint64_t workspace, size_t wo
       out.status = Submitted::OffsPending;
       return out;
     }
+    if (r.a_index != 0 && (r.form != Form::GroupedM || r.a.rows < 0)) {
+      throw std::runtime_error("internal: a gathered A (a_index) needs the GroupedM form");
+    }
     PackedPlan pl = plan_packed(r, enter(r.device));
+    if (pl.need_gather) {
+      out.status = Submitted::NeedGather;
+      return out;
+    }
     const size_t need = pl.workspace_bytes();
     const bool capturing = need > 0 && stream_capturing(pl.stream);
     if (!capturing && workspace_bytes >= need && (need == 0 || workspace != 0)) {

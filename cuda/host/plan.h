@@ -25,6 +25,8 @@ struct PackedPlan {
   // rest of the plan is unused: no argument builder, no sets, no workspace.
   const KernelEntry* varlen = nullptr;
   varlen::Args va;
+  // A gathered request (a_index) that no kernel here reads: nothing else is planned.
+  bool need_gather = false;
   PackedDesc d;  // what the argument builder reads (its sets are placed at launch)
   Kernels k;
   int combo = 0;

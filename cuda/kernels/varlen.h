@@ -2,6 +2,8 @@
 // host side needs to know about them (no CUTLASS or CuTe types here).
 //
 //   varlen-M (GroupedM: forward, dX)  D[T, N] = A[T, K] x B[g](K, N), rows of group g
+//             (or with A's rows gathered: A[r] = a[gather[r]], the MoE forward on x in
+//             token order)
 //   varlen-K (GroupedK: dW)           D[g](M, N) = A(M, span_g) x B(span_g, N)
 //
 // kernels/varlen_sm90.cuh holds the kernel; one kernels/sm90_<dtype>_varlen_<m|k>_<tile>.cu
@@ -24,6 +26,11 @@ struct Args {
   //    A = x^T (M-major); lda = row stride of x.
   const void* a = nullptr;
   int64_t lda = 0;
+  // Gathered A (varlen-M, the "varlen_m_gather" kernels): row r of the product's A is row
+  // gather[r] of a, which has a_rows rows (device int32[m], never read on the host; rows
+  // whose index is outside [0, a_rows) read as zeros). Null for the plain kernels.
+  const int* gather = nullptr;
+  int64_t a_rows = 0;
   // B: varlen-M [G, K, N], element (k, n) of group g at b + g*ldb_batch + k*ldb + n, or at
   //    b + g*ldb_batch + n*ldb + k when b_k_major (a transposed view: the dX product).
   //    varlen-K: dY [T, N] row-major (ldb = row stride).

@@ -61,11 +61,15 @@ using namespace cute;
 // ---------------------------------------------------------------------------------------
 // Configuration of one kernel: element type, form, B's major (varlen-M), tile width.
 
-template <class T_, Mode kMode_, bool kBKMajor_, int BN_>
+template <class T_, Mode kMode_, bool kBKMajor_, int BN_, bool kGather_ = false>
 struct Cfg {
   using T = T_;
   static constexpr Mode kMode = kMode_;
   static constexpr bool kBKMajor = kBKMajor_;  // varlen-M only; varlen-K's B is N-major
+  // varlen-M only: A row r is row gather[r] of the activations, loaded by the producer
+  // warpgroup with cp.async (TMA cannot gather rows on sm_90).
+  static constexpr bool kGather = kGather_;
+  static_assert(!kGather || kMode == Mode::M, "gathered A: varlen-M only");
   static constexpr int BM = 128, BN = BN_, BK = 64;
   static constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
   static constexpr bool kAKMajor = kMode == Mode::M;
@@ -83,6 +87,7 @@ struct Cfg {
   using OrderB = conditional_t<kMajB == GMMA::Major::K, Step<_1, _2, _3>, Step<_2, _1, _3>>;
 
   static constexpr int kStageBytes = (BM + BN) * BK * int(sizeof(T));
+  static constexpr int kTmaBytes = (kGather ? BN : BM + BN) * BK * int(sizeof(T));  // per stage
   static constexpr int kDBytes = BM * BN * int(sizeof(T));  // the epilogue tile
   static constexpr int kSmemLimit = 232448;                 // sm_90 opt-in maximum per block
   static constexpr int kFit = (kSmemLimit - kDBytes - 1024) / kStageBytes;
@@ -117,6 +122,12 @@ struct Params {
   int groups;
   int m, n, k;
   int* err_flag;
+  // Gathered A (Cfg::kGather): the activations [a_rows, K] with row stride lda, and the
+  // int32 row of each of the m packed rows.
+  const void* a;
+  const int* gather;
+  int64_t lda;
+  int a_rows;
 };
 
 __host__ __device__ constexpr int big() { return 1 << 30; }  // the ragged maps' bound
@@ -307,6 +318,81 @@ __device__ __forceinline__ void epilogue_store(const Params& p, const Tile& tile
 }
 
 // ---------------------------------------------------------------------------------------
+// Producers.
+
+// varlen-M: the B tile of k-block kb (the weights of the tile's group), by TMA. One thread.
+template <class C>
+__device__ __forceinline__ void load_b_m(const Params& p, const Tile& tile, int kb, uint64_t* bar,
+                                         typename C::T* sb) {
+  const uint64_t hint = static_cast<uint64_t>(TMA::CacheHintSm90::EVICT_NORMAL);
+  if constexpr (C::kBKMajor) {
+    SM90_TMA_LOAD_3D::copy(&p.tma_b, bar, hint, sb, kb * C::BK, tile.n0, tile.group);
+  } else {
+    CUTE_UNROLL
+    for (int j = 0; j < C::BN / 64; ++j) {
+      SM90_TMA_LOAD_3D::copy(&p.tma_b, bar, hint, sb + j * 64 * C::BK, tile.n0 + 64 * j, kb * C::BK,
+                             tile.group);
+    }
+  }
+}
+
+// Gathered A (varlen-M): the whole producer warpgroup (thread pt of 128) loads the A tile
+// row by row with cp.async into the layout the TMA would have written (128-byte rows, 16-byte
+// units XOR-ed with row % 8): thread pt owns unit pt % 8 of rows pt / 8 + 16 i. Each thread's
+// cp.async completions arrive on the stage's full barrier (noinc: the barrier counts 1 + 128
+// arrivals); thread 0 adds the B tile by TMA. Rows past the group's end, rows whose index is
+// out of [0, a_rows) and columns past K are zero-filled without reading memory.
+template <class C, class Pipeline, class Sched>
+__device__ __forceinline__ void produce_gathered(const Params& p, Pipeline& pipeline, Sched& sched,
+                                                 typename C::Smem& smem, int pt) {
+  using T = typename C::T;
+  constexpr int BM = C::BM, BK = C::BK, kRows = BM / 16;
+  static_assert(BK * int(sizeof(T)) == 128, "one 128-byte swizzle row per A row and k-block");
+  const int unit = pt % 8, r0 = pt / 8;
+  const uint32_t off = uint32_t(r0 * 128 + ((unit ^ (r0 % 8)) << 4));
+  const char* abase = static_cast<const char*>(p.a);
+  const int64_t row_bytes = p.lda * int64_t(sizeof(T));
+  auto ws = cutlass::make_producer_start_state<Pipeline>();
+  for (int t = blockIdx.x;; t += gridDim.x) {
+    const Tile tile = sched.get(t);
+    if (!tile.valid) break;
+    if (tile.group >= p.groups) continue;  // the zero tail: no k-blocks
+    const int end = tile.start + tile.len;
+    int src[kRows];
+    CUTE_UNROLL
+    for (int i = 0; i < kRows; ++i) {
+      const int row = tile.m0 + r0 + 16 * i;
+      int v = -1;
+      if (row < end) {
+        v = __ldg(p.gather + row);
+        if (v < 0 || v >= p.a_rows) v = -1;
+      }
+      src[i] = v;
+    }
+    const int kbs = (p.k + BK - 1) / BK;
+    for (int kb = 0; kb < kbs; ++kb) {
+      pipeline.producer_acquire(ws);
+      uint64_t* bar = pipeline.producer_get_barrier(ws);
+      const uint32_t sa = cast_smem_ptr_to_uint(smem.a + ws.index() * (BM * BK)) + off;
+      const int col = kb * BK + unit * 8;
+      int kb_bytes = (p.k - col) * int(sizeof(T));
+      kb_bytes = kb_bytes < 0 ? 0 : (kb_bytes > 16 ? 16 : kb_bytes);
+      CUTE_UNROLL
+      for (int i = 0; i < kRows; ++i) {
+        const int bytes = src[i] >= 0 ? kb_bytes : 0;
+        const char* g = bytes > 0 ? abase + src[i] * row_bytes + col * int64_t(sizeof(T)) : abase;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa + uint32_t(i * 16 * 128)), "l"(g),
+                     "r"(bytes)
+                     : "memory");
+      }
+      cutlass::arch::cpasync_barrier_arrive_noinc(bar);
+      if (pt == 0) load_b_m<C>(p, tile, kb, bar, smem.b + ws.index() * (C::BN * BK));
+      ++ws;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
 // The kernel.
 
 template <class C>
@@ -320,11 +406,12 @@ __global__ void __launch_bounds__(C::kThreads, 1) varlen_kernel(const __grid_con
 
   const int warp = threadIdx.x / 32, wg = threadIdx.x / 128, lane = threadIdx.x % 32;
   typename Pipeline::Params pp;
-  pp.transaction_bytes = C::kStageBytes;
+  pp.transaction_bytes = C::kTmaBytes;
   pp.role = wg == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
   pp.is_leader = threadIdx.x == 0;
   pp.num_consumers = 256;
-  pp.num_producers = 1;
+  // Gathered A: the 128 producer threads' cp.async arrivals complete a stage too.
+  pp.num_producers = C::kGather ? 1 + 128 : 1;
   pp.initializing_warp = 0;
   Pipeline pipeline(smem.pipe, pp, Shape<_1, _1, _1>{});
   __syncthreads();
@@ -338,10 +425,14 @@ __global__ void __launch_bounds__(C::kThreads, 1) varlen_kernel(const __grid_con
   };
 
   if (wg == 0) {
-    // ---- producer warp: TMA loads into the ring ----
-    cutlass::arch::warpgroup_reg_dealloc<40>();
+    // ---- producer: TMA loads into the ring (one warp), or the gathered A rows (all four) ----
+    // Register budgets per thread, producer / consumers: 40 / 232, or 64 / 216 with the
+    // gathered A's row addresses (within the launch's 168 x 384 either way).
+    cutlass::arch::warpgroup_reg_dealloc<C::kGather ? 64 : 40>();
     if (warp == 1 && blockIdx.x == 0) check_offs(p.offs, p.groups, C::kMode == Mode::M ? p.m : p.k, p.err_flag);
-    if (warp == 0) {
+    if constexpr (C::kGather) {
+      produce_gathered<C>(p, pipeline, sched, smem, threadIdx.x);
+    } else if (warp == 0) {
       auto ws = cutlass::make_producer_start_state<Pipeline>();
       const uint64_t hint = static_cast<uint64_t>(TMA::CacheHintSm90::EVICT_NORMAL);
       for (int t = blockIdx.x;; t += gridDim.x) {
@@ -356,15 +447,7 @@ __global__ void __launch_bounds__(C::kThreads, 1) varlen_kernel(const __grid_con
             T* sb = smem.b + ws.index() * (BN * BK);
             if constexpr (C::kMode == Mode::M) {
               SM90_TMA_LOAD_2D::copy(&p.tma_a, bar, hint, sa, kb * BK, tile.m0);
-              if constexpr (C::kBKMajor) {
-                SM90_TMA_LOAD_3D::copy(&p.tma_b, bar, hint, sb, kb * BK, tile.n0, tile.group);
-              } else {
-                CUTE_UNROLL
-                for (int j = 0; j < BN / 64; ++j) {
-                  SM90_TMA_LOAD_3D::copy(&p.tma_b, bar, hint, sb + j * 64 * BK, tile.n0 + 64 * j, kb * BK,
-                                         tile.group);
-                }
-              }
+              load_b_m<C>(p, tile, kb, bar, sb);
             } else {
               const int r = big() - tile.len + kb * BK, e = tile.start + tile.len;
               CUTE_UNROLL
@@ -383,7 +466,7 @@ __global__ void __launch_bounds__(C::kThreads, 1) varlen_kernel(const __grid_con
     }
   } else {
     // ---- consumer warpgroups: wgmma, then the epilogue ----
-    cutlass::arch::warpgroup_reg_alloc<232>();
+    cutlass::arch::warpgroup_reg_alloc<C::kGather ? 216 : 232>();
     const int ct = threadIdx.x - 128, cwg = wg - 1;
     typename C::TiledMma mma;
     auto thr = mma.get_thread_slice(ct);
@@ -397,8 +480,8 @@ __global__ void __launch_bounds__(C::kThreads, 1) varlen_kernel(const __grid_con
       const Tile tile = sched.get(t);
       if (!tile.valid) break;
       const int kbs = k_blocks(tile);
-      epilogue_wait(cwg, ct);
       if (kbs == 0) {
+        epilogue_wait(cwg, ct);
         // No reduction (the zero tail, an empty group, K = 0): exact zeros. Apart from the
         // MMA path, so that only wgmma ever defines the accumulators.
         uint4* z = reinterpret_cast<uint4*>(smem.d) + 64 * cwg * 8;
@@ -416,6 +499,7 @@ __global__ void __launch_bounds__(C::kThreads, 1) varlen_kernel(const __grid_con
       mma.accumulate_ = GMMA::ScaleOut::Zero;
       warpgroup_fence_operand(acc);
       pipeline.consumer_wait(rs);
+      if constexpr (C::kGather) cutlass::arch::fence_view_async_shared();  // cp.async -> wgmma
       warpgroup_arrive();
       CUTE_UNROLL
       for (int kk = 0; kk < size<2>(tCrA); ++kk) {
@@ -428,6 +512,7 @@ __global__ void __launch_bounds__(C::kThreads, 1) varlen_kernel(const __grid_con
       // Steady state: one batch of wgmmas in flight while the next k-block is waited for.
       for (int kb = 1; kb < kbs; ++kb) {
         pipeline.consumer_wait(rs);
+        if constexpr (C::kGather) cutlass::arch::fence_view_async_shared();
         warpgroup_fence_operand(acc);
         warpgroup_arrive();
         CUTE_UNROLL
@@ -445,6 +530,9 @@ __global__ void __launch_bounds__(C::kThreads, 1) varlen_kernel(const __grid_con
       warpgroup_fence_operand(acc);
       pipeline.consumer_release(fs);
       ++fs;
+      // Only now wait for the previous tile's stores to have read the smem tile: they
+      // drained while this tile's mainloop ran.
+      epilogue_wait(cwg, ct);
       store_acc<T, BM>(acc, tile_smem, cwg, ct);
       epilogue_store<C::kMode, BM, BN>(p, tile, cwg, ct, tile_bytes);
     }
@@ -497,10 +585,16 @@ std::string run(const Args& x) {
   p.err_flag = x.err_flag;
   auto d1 = [](int64_t v) { return uint64_t(v > 0 ? v : 1); };  // extents never read stay legal
   std::string err;
+  p.a = x.a;
+  p.gather = x.gather;
+  p.lda = x.lda;
+  p.a_rows = int(x.a_rows);
   if constexpr (C::kMode == Mode::M) {
-    const uint64_t da[2] = {d1(x.k), d1(x.m)}, sa[1] = {uint64_t(x.lda) * es};
-    const uint32_t ba[2] = {C::BK, C::BM};
-    err = encode(&p.tma_a, dt, 2, x.a, da, sa, ba, "A [T, K]");
+    if constexpr (!C::kGather) {
+      const uint64_t da[2] = {d1(x.k), d1(x.m)}, sa[1] = {uint64_t(x.lda) * es};
+      const uint32_t ba[2] = {C::BK, C::BM};
+      err = encode(&p.tma_a, dt, 2, x.a, da, sa, ba, "A [T, K]");
+    }
     if (err.empty()) {
       const uint64_t sb[2] = {uint64_t(x.ldb) * es, uint64_t(x.ldb_batch) * es};
       if constexpr (C::kBKMajor) {

@@ -15,6 +15,7 @@ import torch
 __all__ = [
     "__version__",
     "build_info",
+    "gather_mm",
     "grouped_mm",
     "grouped_mm_backward",
     "grouped_mm_list",
@@ -128,6 +129,16 @@ def list_out_shapes(
 
 def build_info() -> _BuildInfo:
     """What this build holds."""
+
+def gather_mm(
+    x: Any,
+    w: Any,
+    offs: Any,
+    index: Any,
+    out_dtype: Any | None = None,
+) -> Any:
+    """``out[r] = x[index[r]] @ w[g]`` for the rows ``r`` of group ``g`` (int32 ``index``
+    and ``offs``); rows whose index is out of range are zero rows of the product's A."""
 
 def moe_rows(
     op: str,

@@ -12,15 +12,17 @@ fallbacks), on CPU and CUDA: ``expert_up`` is ``torch.ops.groupmm.swiglu_act`` o
 ``torch.ops.groupmm.gather_mm`` (two ops, so that autograd frees the pre-activation
 before the weight-gradient GEMM), ``expert_down`` is ``torch.ops.groupmm.expert_down``.
 
-What runs: groupmm's grouped GEMMs, with the glue as one-pass row kernels
+What runs: groupmm's grouped GEMMs — the up projection reads ``x``'s rows through
+``src`` inside the GEMM (groupmm's varlen kernels on Hopper; elsewhere the rows are
+gathered first) — with the glue as one-pass row kernels
 (``groupmm._rows``: CUDA kernels on the GPU, Rust on the CPU): SwiGLU and its backward,
 the weighted top-k combine and its backward (row scatter in row order, router-weight
 dot products). Activation memory is lower than the unfused layer's: the backward
 re-gathers ``x[src]`` instead of keeping it, keeps the pre-activation and not
 ``silu(gate)``, and the router-weight gradient reads the down projection's output once.
-Not done yet (issue 13): the gather and the SwiGLU inside the GEMM itself (A rows read
-through ``src``, an activation epilogue), which would remove the ``[R, D]`` gather and
-the ``[R, 2F]`` pre-activation round trip; they go behind these signatures.
+Not done yet (issue 13): the weight gradient's gather inside the varlen-K GEMM (it still
+gathers ``x[src]`` once) and the SwiGLU inside the GEMM (an activation epilogue, which
+would remove the ``[R, 2F]`` pre-activation round trip); they go behind these signatures.
 
 Determinism: no atomics anywhere; the gradient of ``x`` sums each token's ``k`` rows
 through ``inverse`` (:func:`groupmm.moe.sum_copies`).
@@ -32,7 +34,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from . import _rows
+from . import _native, _rows
 from ._api import grouped_mm
 from .moe import _is_integer, combine, combine_backward, sum_copies
 from .nn import _check_tensor
@@ -68,7 +70,9 @@ def swiglu_backward(grad: Tensor, pre: Tensor) -> Tensor:
 
 @torch.library.custom_op("groupmm::gather_mm", mutates_args=())
 def _gather_mm(x: Tensor, w: Tensor, offs: Tensor, src: Tensor, inverse: Tensor) -> Tensor:
-    return grouped_mm(x.index_select(0, src), w, offs=offs)
+    # The kernels read x's rows through src (Hopper, 16-bit; elsewhere the rows are
+    # gathered first, in the same call).
+    return _native.gather_mm(x, w, _rows._index(offs), _rows._index(src))
 
 
 @_gather_mm.register_fake

@@ -230,12 +230,13 @@ fn stream_and_tf32<M: Memory>(mem: &mut M, device: i32, dtype: DType) -> Result<
 }
 
 /// The request of a packed product whose inputs went through [`readable`] and whose
-/// target `c` is contiguous row-major.
+/// target `c` is contiguous row-major; `a_index` (contiguous int32) gathers A's rows.
 fn packed_request(
     plan: &PackedPlan,
     a: &Tensor,
     b: &Tensor,
     offs: Option<&Offs>,
+    a_index: Option<&Offs>,
     c: &Tensor,
     (stream, allow_tf32): (u64, bool),
 ) -> Result<ffi::PackedRequest> {
@@ -253,11 +254,14 @@ fn packed_request(
         b: kernel_operand(b)?,
         c: kernel_operand(c)?,
         offs: offs.map_or(0, |o| o.ptr as u64),
+        a_index: a_index.map_or(0, |o| o.ptr as u64),
         stream,
     })
 }
 
-/// Runs a validated packed product on CUDA into the contiguous target `c`.
+/// Runs a validated packed product on CUDA into the contiguous target `c`. With
+/// `a_index` (a GroupedM plan over its rows; `a` holds the rows it names) the product
+/// reads A's rows through it; `Ok(false)` then says that no kernel here can (nothing ran).
 ///
 /// # Safety
 /// The descriptions are of live memory on the device for the whole call.
@@ -267,12 +271,13 @@ pub(super) unsafe fn packed<M: Memory>(
     a: &Tensor,
     b: &Tensor,
     offs: Option<&Offs>,
+    a_index: Option<&Offs>,
     c: &Tensor,
-) -> Result<()> {
+) -> Result<bool> {
     check_compiled()?;
     let device = device_index(a);
     let st = stream_and_tf32(mem, device, a.dtype)?;
-    let req = packed_request(plan, a, b, offs, c, st)?;
+    let req = packed_request(plan, a, b, offs, a_index, c, st)?;
     #[cfg(groupmm_cuda)]
     {
         let (ws, ws_bytes) = mem.cached_workspace(device, st.0);
@@ -280,7 +285,8 @@ pub(super) unsafe fn packed<M: Memory>(
         // bytes kept alive by the face for the call.
         let r = unsafe { ffi::submit_packed(&req, ws, ws_bytes) }.map_err(seam)?;
         match r.status {
-            ffi::Submitted::Launched => Ok(()),
+            ffi::Submitted::Launched => Ok(true),
+            ffi::Submitted::NeedGather => Ok(false),
             ffi::Submitted::OffsPending => {
                 Err(crate::shape::offs_error_pending(Device::Cuda(device)))
             }
@@ -292,7 +298,8 @@ pub(super) unsafe fn packed<M: Memory>(
                     .as_ref()
                     .ok_or_else(|| Error::Cuda("internal: no plan to launch".into()))?;
                 // SAFETY: as above, with a workspace of `bytes` bytes.
-                unsafe { ffi::launch_planned(plan, ws, bytes) }.map_err(seam)
+                unsafe { ffi::launch_planned(plan, ws, bytes) }.map_err(seam)?;
+                Ok(true)
             }
         }
     }

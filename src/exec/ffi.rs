@@ -82,6 +82,10 @@ pub(crate) mod bridge {
         c: Operand,
         /// Device address of the contiguous int32 `offs[groups]`; 0 for Batched.
         offs: u64,
+        /// GroupedM only, else 0: device address of a contiguous int32 `[m]` row index.
+        /// Row `r` of the product's A is then row `a_index[r]` of `a` (whose `rows` may
+        /// differ from `m`); an index outside `[0, a.rows)` reads a row of zeros.
+        a_index: u64,
         /// The `cudaStream_t` to run on.
         stream: u64,
     }
@@ -162,6 +166,9 @@ pub(crate) mod bridge {
         NeedWorkspace = 1,
         /// Nothing was enqueued: an earlier call on the device met invalid `offs`.
         OffsPending = 2,
+        /// Nothing was enqueued: no kernel for this device, dtype and layout reads
+        /// gathered rows (`a_index`). Gather them and submit the plain product.
+        NeedGather = 3,
     }
 
     /// The answer of [`submit_packed`].

@@ -399,6 +399,105 @@ pub unsafe fn packed_backward<M: Memory>(
     Ok((da, db))
 }
 
+/// The GroupedM product with gathered rows, the MoE forward on tokens kept in token
+/// order: `out[r] = x[index[r]] · w[g]` for the rows `r` of group `g` (`offs` over the
+/// `R` rows of `index`); a row whose index is outside `[0, rows of x)` is a zero row.
+/// groupmm's varlen kernels read the rows through `index` (no `[R, K]` copy); where no
+/// kernel can (another GPU, dtype or layout, and on the CPU), the rows are gathered
+/// first ([`rows`]' `GatherSum` with one column) and the plain product runs.
+///
+/// # Safety
+/// As [`packed`]; `index` is int32.
+pub unsafe fn packed_gather<M: Memory>(
+    mem: &mut M,
+    x: &Tensor,
+    index: &Offs,
+    w: &Tensor,
+    offs: &Offs,
+    out_dtype: Option<DType>,
+) -> Result<M::Out> {
+    let dtype = out_dtype.unwrap_or(x.dtype);
+    if x.layout.ndim() != 2 {
+        return Err(Error::Shape(format!(
+            "x: expected a 2-D tensor [T, K] (the tokens), found shape {}",
+            shape::fmt_shape(&x.layout.shape)
+        )));
+    }
+    shape::check_like("w", w.like(), "x", x.reference())?;
+    shape::check_like("index", (None, index.device), "x", x.reference())?;
+    shape::check_like("offs", (None, offs.device), "x", x.reference())?;
+    let k = x.layout.shape[1];
+    if w.layout.ndim() != 3 || w.layout.shape[1] != k {
+        return Err(Error::Shape(format!(
+            "w: expected 3-D weights [G, K={k}, N] (K: the columns of x), found shape {}",
+            shape::fmt_shape(&w.layout.shape)
+        )));
+    }
+    if index.layout.ndim() != 1 {
+        return Err(Error::Shape(format!(
+            "index: expected a 1-D tensor [R] (the row of x of each routed row), found shape {}",
+            shape::fmt_shape(&index.layout.shape)
+        )));
+    }
+    let rows = index.layout.shape[0];
+    // The product as if the gathered rows [R, K] were given.
+    let gathered = Tensor {
+        layout: Layout::contiguous(&[rows, k]),
+        ..x.clone()
+    };
+    let plan = validate_packed(&gathered, w, Some(offs))?;
+    // SAFETY: forwarded contract.
+    let offs_vals = unsafe { host_offs(Some(offs), &plan)? };
+    let ops = Operands::prepare(mem, &[x, w], Some(offs))?;
+    let (x, w, offs) = (&ops.t[0], &ops.t[1], ops.offs.as_ref());
+    let index = if index.layout.is_contiguous() {
+        index.clone()
+    } else {
+        let (ptr, layout) = mem.contiguous(index.id)?;
+        Offs {
+            ptr,
+            layout,
+            ..index.clone()
+        }
+    };
+    into_target(mem, None, &plan.out_shape, dtype, x.device, |mem, c| {
+        if let Device::Cuda(_) = x.device {
+            // SAFETY: forwarded contract; `c` is a fresh output.
+            if unsafe { cuda::packed(mem, &plan, x, w, offs, Some(&index), c)? } {
+                return Ok(());
+            }
+        }
+        let x = if x.layout.is_contiguous() {
+            x.clone()
+        } else {
+            let (ptr, layout) = mem.contiguous(x.id)?;
+            Tensor {
+                ptr,
+                layout,
+                transposed: false,
+                ..x.clone()
+            }
+        };
+        let (_keep, a) = mem.alloc(&[rows, k], x.dtype, x.device)?;
+        let column = Offs {
+            layout: Layout::contiguous(&[rows, 1]),
+            ..index.clone()
+        };
+        let call = rows::RowsCall {
+            op: ffi::RowsOp::GatherSum,
+            x: &x,
+            y: None,
+            index: Some(&column),
+            weights: None,
+            out: &a,
+        };
+        // SAFETY: forwarded contract; `a` is fresh, `x` and `column` contiguous.
+        unsafe { rows::run(mem, &call)? };
+        // SAFETY: as for `packed`; `a` is alive until `_keep` drops, after the product.
+        unsafe { run_packed(mem, &plan, &a, w, offs, offs_vals.as_deref(), c) }
+    })
+}
+
 /// Runs a validated packed product into the target `c` (shape `plan.out_shape`).
 ///
 /// # Safety
@@ -415,7 +514,7 @@ unsafe fn run_packed<M: Memory>(
     match a.device {
         Device::Cuda(_) => {
             // SAFETY: forwarded contract.
-            unsafe { cuda::packed(mem, plan, a, b, offs, c) }
+            unsafe { cuda::packed(mem, plan, a, b, offs, None, c) }.map(|_| ())
         }
         Device::Cpu => {
             let problems = shape::packed_problems(plan, &a.layout, &b.layout, &c.layout, offs_vals);

@@ -136,6 +136,36 @@ fn grouped_mm<'py>(
     })
 }
 
+/// The GroupedM product with gathered rows: `out[r] = x[index[r]] @ w[g]` for the rows
+/// of group `g` (`exec::packed_gather`).
+#[pyfunction]
+#[pyo3(signature = (x, w, offs, index, out_dtype=None))]
+fn gather_mm<'py>(
+    py: Python<'py>,
+    x: &Bound<'py, PyAny>,
+    w: &Bound<'py, PyAny>,
+    offs: &Bound<'py, PyAny>,
+    index: &Bound<'py, PyAny>,
+    out_dtype: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    guard(|| {
+        let mut mem = PyMem::new(py);
+        let x = mem.reference("x", x)?;
+        let w = mem.input(&"w", w)?;
+        let missing =
+            |name: &str| Error::Value(format!("{name}: expected an int32 tensor, found None"));
+        let offs = mem.offs(Some(offs))?.ok_or_else(|| missing("offs"))?;
+        let index = mem
+            .int32("index", Some(index))?
+            .ok_or_else(|| missing("index"))?;
+        let od = resolve_out_dtype(py, mem.kind(), x.dtype, out_dtype)?;
+        // SAFETY: the descriptions are of the argument objects, which `mem` and the
+        // caller keep alive for the call; `mem` lends the rest.
+        unsafe { exec::packed_gather(&mut mem, &x, &index, &w, &offs, Some(od)) }
+            .map_err(|e| mem.raise(e))
+    })
+}
+
 /// Both backward products of a packed product: `(dA, dB)` with `dA = grad·bᵀ`,
 /// `dB = aᵀ·grad` (same `offs`); an entry is `None` when not requested.
 #[pyfunction]
@@ -349,6 +379,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(grouped_mm_backward, m)?)?;
     m.add_function(wrap_pyfunction!(grouped_mm_list, m)?)?;
     m.add_function(wrap_pyfunction!(grouped_mm_list_backward, m)?)?;
+    m.add_function(wrap_pyfunction!(gather_mm, m)?)?;
     m.add_function(wrap_pyfunction!(moe_rows, m)?)?;
     m.add_function(wrap_pyfunction!(packed_out_shape, m)?)?;
     m.add_function(wrap_pyfunction!(list_out_shapes, m)?)?;
