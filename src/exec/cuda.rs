@@ -464,8 +464,9 @@ mod tests {
             device: Device::Cuda(0),
             id: 1,
         };
-        let r = packed_request(&plan, &xt, &dy, Some(&offs), &c, (77, false)).unwrap();
+        let r = packed_request(&plan, &xt, &dy, Some(&offs), None, &c, (77, false)).unwrap();
         assert_eq!(r.form, ffi::Form::GroupedK);
+        assert_eq!(r.a_index, 0, "no gathered rows unless asked for");
         assert_eq!((r.groups, r.m, r.n, r.k), (4, 32, 48, 64));
         assert_eq!(
             (r.a.rows, r.a.cols, r.a.ld, r.a.col_major),
@@ -474,6 +475,26 @@ mod tests {
         assert_eq!((r.b.ld, r.b.col_major), (48, false));
         assert_eq!((r.c.batch, r.c.batch_stride, r.c.ld), (4, 32 * 48, 48));
         assert_eq!((r.offs, r.stream, r.device), (8192, 77, 0));
+    }
+
+    #[test]
+    fn gathered_request_carries_the_index_and_the_rows_of_x() {
+        let (rows_x, rows, k, n, g) = (10usize, 24usize, 16usize, 8usize, 3usize);
+        let x = t(&[rows_x, k], &[k as isize, 1]);
+        let w = t(&[g, k, n], &[(k * n) as isize, n as isize, 1]);
+        let gathered = Layout::contiguous(&[rows, k]);
+        let plan = crate::shape::plan_packed(&gathered, &w.layout, Some(g)).unwrap();
+        let c = t(&plan.out_shape, &[n as isize, 1]);
+        let at = |ptr, len| Offs {
+            ptr,
+            layout: Layout::new(&[len], &[1]),
+            device: Device::Cuda(0),
+            id: 1,
+        };
+        let (offs, index) = (at(8192, g), at(4096, rows));
+        let r = packed_request(&plan, &x, &w, Some(&offs), Some(&index), &c, (77, false)).unwrap();
+        assert_eq!(r.form, ffi::Form::GroupedM);
+        assert_eq!((r.m, r.n, r.k, r.a.rows, r.a_index), (24, 8, 16, 10, 4096));
     }
 
     #[test]
