@@ -32,12 +32,11 @@ std::string context(const PackedRequest& r) {
 // The varlen kernels (kernels/varlen.h) for a GroupedM call with row-major activations or
 // a GroupedK call with M-major A (x^T of row-major x) and row-major B (dY), 16-bit, where
 // the sm90 rule picks them: fills pl.varlen / pl.va and returns true. A gathered GroupedM
-// call (r.a_index) takes them wherever they can read it, when sm90_gather_in_gemm() (off
-// by default: gathering first measured faster).
+// call (r.a_index; submit_packed lets one through only when sm90_gather_in_gemm()) takes
+// them wherever they can read it.
 bool plan_varlen(const PackedRequest& r, const PackedDesc& d, PackedPlan& pl) {
   varlen::Args& x = pl.va;
   const bool gather = r.a_index != 0;
-  if (gather && !sm90_gather_in_gemm()) return false;
   if (r.form == Form::GroupedM && d.a.major == kRowMajor) {
     x.mode = varlen::Mode::M;
     x.b_k_major = d.b.major == kColMajor;
@@ -217,12 +216,18 @@ OpDesc op_desc(const Operand& o) {
 PackedSubmit submit_packed(const PackedRequest& r, uint64_t workspace, size_t workspace_bytes) {
   PackedSubmit out{};
   try {
+    if (r.a_index != 0 && (r.form != Form::GroupedM || r.a.rows < 0)) {
+      throw std::runtime_error("internal: a gathered A (a_index) needs the GroupedM form");
+    }
+    // In-GEMM gathering off (the default, heuristics/sm90.h): answer before any device work,
+    // so that the caller's gather-then-submit path plans the product once.
+    if (r.a_index != 0 && !sm90_gather_in_gemm()) {
+      out.status = Submitted::NeedGather;
+      return out;
+    }
     if (take_offs_flag(r.device)) {
       out.status = Submitted::OffsPending;
       return out;
-    }
-    if (r.a_index != 0 && (r.form != Form::GroupedM || r.a.rows < 0)) {
-      throw std::runtime_error("internal: a gathered A (a_index) needs the GroupedM form");
     }
     PackedPlan pl = plan_packed(r, enter(r.device));
     if (pl.need_gather) {

@@ -12,9 +12,10 @@ fallbacks), on CPU and CUDA: ``expert_up`` is ``torch.ops.groupmm.swiglu_act`` o
 ``torch.ops.groupmm.gather_mm`` (two ops, so that autograd frees the pre-activation
 before the weight-gradient GEMM), ``expert_down`` is ``torch.ops.groupmm.expert_down``.
 
-What runs: groupmm's grouped GEMMs — the up projection reads ``x``'s rows through
-``src`` inside the GEMM (groupmm's varlen kernels on Hopper; elsewhere the rows are
-gathered first) — with the glue as one-pass row kernels
+What runs: groupmm's grouped GEMMs — the up projection is ``_native.gather_mm``, which
+gathers ``x``'s rows through ``src`` with a row kernel and then runs the GEMM (or, with
+``GROUPMM_SM90_GATHER=1`` on Hopper, reads them inside the GEMM: measured slower, so off
+by default) — with the glue as one-pass row kernels
 (``groupmm._rows``: CUDA kernels on the GPU, Rust on the CPU): SwiGLU and its backward,
 the weighted top-k combine and its backward (row scatter in row order, router-weight
 dot products). Activation memory is lower than the unfused layer's: the backward
@@ -70,8 +71,8 @@ def swiglu_backward(grad: Tensor, pre: Tensor) -> Tensor:
 
 @torch.library.custom_op("groupmm::gather_mm", mutates_args=())
 def _gather_mm(x: Tensor, w: Tensor, offs: Tensor, src: Tensor, inverse: Tensor) -> Tensor:
-    # The kernels read x's rows through src (Hopper, 16-bit; elsewhere the rows are
-    # gathered first, in the same call).
+    # One native call: the rows are gathered, then multiplied (inside the GEMM only with
+    # GROUPMM_SM90_GATHER=1, cuda/heuristics/sm90.h).
     return _native.gather_mm(x, w, _rows._index(offs), _rows._index(src))
 
 

@@ -166,8 +166,9 @@ pub(crate) mod bridge {
         NeedWorkspace = 1,
         /// Nothing was enqueued: an earlier call on the device met invalid `offs`.
         OffsPending = 2,
-        /// Nothing was enqueued: no kernel for this device, dtype and layout reads
-        /// gathered rows (`a_index`). Gather them and submit the plain product.
+        /// Nothing was enqueued: in-GEMM gathering is off (`GROUPMM_SM90_GATHER`), or no
+        /// kernel for this device, dtype and layout reads gathered rows (`a_index`).
+        /// Gather them and submit the plain product.
         NeedGather = 3,
     }
 

@@ -402,9 +402,10 @@ pub unsafe fn packed_backward<M: Memory>(
 /// The GroupedM product with gathered rows, the MoE forward on tokens kept in token
 /// order: `out[r] = x[index[r]] · w[g]` for the rows `r` of group `g` (`offs` over the
 /// `R` rows of `index`); a row whose index is outside `[0, rows of x)` is a zero row.
-/// groupmm's varlen kernels read the rows through `index` (no `[R, K]` copy); where no
-/// kernel can (another GPU, dtype or layout, and on the CPU), the rows are gathered
-/// first ([`rows`]' `GatherSum` with one column) and the plain product runs.
+/// The CUDA side may read the rows through `index` itself (groupmm's gathering varlen
+/// kernel, only with `GROUPMM_SM90_GATHER=1`: no `[R, K]` copy); otherwise, and on the
+/// CPU, the rows are gathered first ([`rows`]' `GatherSum` with one column) and the plain
+/// product runs.
 ///
 /// # Safety
 /// As [`packed`]; `index` is int32.
