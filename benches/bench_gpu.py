@@ -155,6 +155,9 @@ QUACK_CONFIGS = {
     "128x256 coop 1x1": (128, 256, False),
 }
 
+#: where the rows run (the CPU tests point it at the CPU)
+DEV = "cuda"
+
 #: H200 figures of PEERS.md, used only by --dry-run's estimate
 EST_RATE, EST_BW = 790e12, 4.3e12
 #: assumed seconds of one quack JIT compile (one configuration, one pass form), --dry-run only
@@ -386,8 +389,8 @@ def _spread_pct(row: dict, k: str):
 
 
 def format_row(row: dict) -> str:
-    """One progress line: TFLOP/s per implementation (± spread % of groupmm, torch, quack),
-    the ratios."""
+    """One progress line: TFLOP/s per implementation (groupmm, torch and quack with ± half
+    their min-max range over the rounds, in % of the median), the ratios."""
     t = row["tflops"]
 
     def cell(k):
@@ -561,7 +564,7 @@ def render_png(doc: dict, path: str) -> bool:
         )
     ax.set_ylabel("TFLOP/s")
     ax.legend(fontsize=8)
-    ax.set_title(" | ".join(describe_env(doc)[:1]), fontsize=9)
+    ax.set_title("\n".join(ln[:160] for ln in describe_env(doc)[:3]), fontsize=8)
     for key, lab in (
         ("vs_quack", "groupmm / quack"),
         ("vs_torch", "groupmm / F.grouped_mm"),
@@ -734,11 +737,11 @@ def ceilings(dtype, args) -> dict:
     }
 
 
-def run_shape(name, spec, T, routings, passes, dtype, args, ceil, torch_gmm, Q, on_row):
-    """Every (routing, pass) row of one shape; calls on_row(row) as each finishes."""
+def run_shape(name, spec, T, routings, passes, dtype, args, ceil, torch_gmm, Q, on_row, dev="cuda"):
+    """Every (routing, pass) row of one shape; calls on_row(row) as each finishes. (``dev``:
+    the CPU tests run it on the CPU under a stand-in for CUDA's events.)"""
     import groupmm
 
-    dev = "cuda"
     E, K, N = spec.E, spec.K, spec.N
     torch.manual_seed(0)
     x = torch.randn(T, K, device=dev, dtype=dtype)
@@ -1031,7 +1034,7 @@ def main(argv=None):
             with open(args.md, "w") as f:
                 f.write(render_md(doc))
         if args.png and not render_png(doc, args.png):
-            print("matplotlib missing (or no rows): no chart")
+            print("no chart (matplotlib missing, or no rows)")
         return 0
 
     names = select_shapes(args.shapes)
@@ -1093,12 +1096,12 @@ def main(argv=None):
         "rows": [],
         "skipped": [],
     }
-    for ln in describe_env(doc):
+    for ln in describe_env(doc)[:2]:
         print(ln)
     doc["ceilings"] = ceilings(dtype, args)
     torch.cuda.empty_cache()
-    print(describe_env(doc)[2])
-    print(describe_env(doc)[3])
+    for ln in describe_env(doc)[2:]:
+        print(ln)
     n_rows = len(plan)
 
     def on_row(row):
@@ -1126,7 +1129,18 @@ def main(argv=None):
         )
         try:
             run_shape(
-                name, s, T, routings, passes, dtype, args, doc["ceilings"], torch_gmm, Q, on_row
+                name,
+                s,
+                T,
+                routings,
+                passes,
+                dtype,
+                args,
+                doc["ceilings"],
+                torch_gmm,
+                Q,
+                on_row,
+                DEV,
             )
         except torch.cuda.OutOfMemoryError as e:
             doc["skipped"].append({"shape": name, "why": f"out of memory: {str(e)[:80]}"})
@@ -1151,7 +1165,7 @@ def main(argv=None):
     print("host µs per small call: " + ", ".join(f"{k} {v:.1f}" for k, v in doc["host_us"].items()))
     print(f"wall {doc['elapsed_s']:.0f} s")
     if args.png and not render_png(doc, args.png):
-        print("matplotlib missing: no chart")
+        print("no chart (matplotlib missing, or no rows)")
     return 0
 
 

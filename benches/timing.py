@@ -77,7 +77,7 @@ def calls_for(est_ms: float, sample_ms: float, lo: int, hi: int) -> int:
     time of ``est_ms`` per call, within ``[lo, hi]``."""
     if not est_ms or est_ms <= 0 or not math.isfinite(est_ms):
         return hi
-    return max(lo, min(hi, math.ceil(sample_ms / est_ms)))
+    return max(lo, min(hi, math.ceil(sample_ms / est_ms - 1e-6)))  # - rounding noise
 
 
 def lead_for(host_ms: float, gpu_ms: float, calls: int, margin: float = 1.25) -> float:

@@ -402,3 +402,180 @@ def test_spread_matches_statistics_module():
     assert s["median"] == statistics.median(data)
     q = statistics.quantiles(data, n=4, method="inclusive")
     assert (s["q1"], s["q3"]) == (q[0], q[2])
+
+
+class FakeQuack:
+    """quack's entry points on the CPU, in its conventions (E+1 boundaries, varlen-M and
+    varlen-K), with a configuration it cannot express and one that fails to run."""
+
+    class GemmConfig:
+        def __init__(self, **kw):
+            if kw["tile_n"] == 256:
+                raise ValueError("not on this quack")
+            self.kw = kw
+
+    @staticmethod
+    def ref(a, b, cu_seqlens_m=None, cu_seqlens_k=None):
+        cu = (cu_seqlens_m if cu_seqlens_m is not None else cu_seqlens_k).tolist()
+        if cu_seqlens_m is not None:
+            return torch.cat([a[s:e] @ b[g] for g, (s, e) in enumerate(zip(cu, cu[1:]))])
+        return torch.stack([a[:, s:e] @ b[s:e] for s, e in zip(cu, cu[1:])])
+
+    def __init__(self):
+        self.calls = {}
+        quack = self
+
+        class Tuned:
+            @staticmethod
+            def fn(a, b, out, config=None, **kw):
+                key = (config.kw["tile_m"], config.kw["tile_n"])
+                quack.calls[key] = quack.calls.get(key, 0) + 1
+                out.copy_(quack.ref(a, b, **kw))
+
+        def gemm(a, b, tuned=True, **kw):
+            raise RuntimeError("default config: cannot compile here")
+
+        self.Q = {"GemmConfig": self.GemmConfig, "gemm": gemm, "tuned": Tuned, "version": {}}
+
+
+def test_run_shape_end_to_end_on_the_cpu(monkeypatch):
+    """bench_gpu's row loop with every implementation (groupmm, F.grouped_mm, quack's
+    selection and the chosen config, the loop, dense) on the CPU, timed by wall clock."""
+    import time
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.t = None
+
+        def record(self, stream=None):
+            self.t = time.perf_counter()
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return (other.t - self.t) * 1e3
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(timing, "_CYCLES_PER_MS", 1e6)
+    gmm = getattr(torch.nn.functional, "grouped_mm", None)
+    if gmm is not None:
+        try:
+            x = torch.ones(4, 8, dtype=torch.bfloat16)
+            gmm(x, torch.ones(2, 8, 8, dtype=torch.bfloat16), offs=torch.tensor([2, 4]).int())
+        except Exception:
+            gmm = None
+    args = bench.parse_args(["--rounds", "2", "--select-rounds", "1", "--max-calls", "2"])
+    args.min_calls = 1
+    spec = bench.Spec(4, 32, 16, 64, "tiny", "up", 16, 4)
+    ceil = {"dense_flops": 1e9, "copy_bytes_per_s": 1e9}
+    fq = FakeQuack()
+    seen = []
+    passes = ["fwd", "dX", "dW", "fwd+bwd"]
+    rows = bench.run_shape(
+        "tiny",
+        spec,
+        64,
+        ["uniform", "zipf12"],
+        passes,
+        torch.bfloat16,
+        args,
+        ceil,
+        gmm,
+        fq.Q,
+        seen.append,
+        dev="cpu",
+    )
+    assert seen == rows and len(rows) == 8
+    assert [(r["routing"], r["pass"]) for r in rows[:4]] == [("uniform", p) for p in passes]
+    for r in rows:
+        assert r["class"] == "fine" and r["rows_per_group"] == 16
+        assert r["ms"]["groupmm"] > 0 and r["ms"]["dense"] > 0 and r["roofline"] > 0
+        assert r["bytes"] == bench.nbytes_for(r["pass"], 4, 32, 16, 64, 2)
+        if gmm is not None:
+            assert r["vs_torch"] > 0
+        if r["pass"] == "fwd+bwd":
+            assert r["errors"]["quack"] == "no autograd op" and r["ms"]["loop"] is None
+            continue
+        assert r["ms"]["loop"] > 0 and r["ms"]["quack"] > 0
+        # the default failed, 128x256 could not be expressed: chosen among the other two
+        assert r["quack_config"] in ("128x128 pp 1x1", "128x192 pp 1x1")
+        assert set(r["quack_select"]) == {
+            "default 128x192 pp 2x1",
+            "128x128 pp 1x1",
+            "128x192 pp 1x1",
+        }
+        assert r["quack_select"]["default 128x192 pp 2x1"].startswith("RuntimeError")
+        assert len(r["samples_ms"]["quack"]) == 2
+    assert set(fq.calls) == {(128, 128), (128, 192)}
+    json.dumps(rows)
+
+
+def test_main_writes_json_md_png_and_honours_the_budget(monkeypatch, tmp_path, capsys):
+    """main() end to end on the CPU (a stand-in for CUDA's events and device queries; the
+    ceilings and the host-cost step stubbed): outputs, environment, summary, --budget-s."""
+    import time
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.t = None
+
+        def record(self, stream=None):
+            self.t = time.perf_counter()
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return (other.t - self.t) * 1e3
+
+    for name, value in (
+        ("Event", Event),
+        ("_sleep", lambda cycles: None),
+        ("synchronize", lambda *a, **k: None),
+        ("is_available", lambda: True),
+        ("get_device_name", lambda *a: "Fake GPU"),
+        ("get_device_capability", lambda *a: (9, 0)),
+        ("empty_cache", lambda: None),
+    ):
+        monkeypatch.setattr(torch.cuda, name, value)
+    monkeypatch.setattr(timing, "_CYCLES_PER_MS", 1e6)
+    monkeypatch.setattr(bench, "DEV", "cpu")
+    monkeypatch.setattr(
+        bench, "ceilings", lambda dtype, args: {"dense_flops": 1e9, "copy_bytes_per_s": 1e9}
+    )
+    monkeypatch.setattr(bench, "host_cost", lambda torch_gmm: {"groupmm fwd": 1.0})
+    specs = {
+        "tiny-a": bench.Spec(4, 32, 16, 64, "tiny", "up", 16, 4),
+        "tiny-dec": bench.Spec(4, 32, 16, 16, "tiny", "up", 4, 4, True),
+    }
+    monkeypatch.setattr(bench, "SPECS", specs)
+    out = tmp_path / "r"
+    argv = ["--no-quack", "--rounds", "2", "--max-calls", "2", "--passes", "fwd,dW"]
+    argv += ["--json", f"{out}.json", "--md", f"{out}.md", "--png", f"{out}.png"]
+    assert bench.main(argv) == 0
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["complete"] and doc["device"] == "Fake GPU" and doc["torch"] == torch.__version__
+    assert doc["quack"] is False and doc["quack_why"] == "--no-quack"
+    assert isinstance(doc["groupmm"], dict) and doc["timer"]["rounds"] == 2
+    assert [(r["shape"], r["class"]) for r in doc["rows"]][::4] == [
+        ("tiny-a", "fine"),
+        ("tiny-dec", "decode"),
+    ]
+    assert len(doc["rows"]) == 8 and {e["class"] for e in doc["summary"]} == {"fine", "decode"}
+    md = (tmp_path / "r.md").read_text()
+    assert "Fake GPU" in md and "quack not measured (--no-quack)" in md and "| tiny-dec" in md
+    printed = capsys.readouterr().out
+    assert "[  1/8" in printed and "[  8/8" in printed and "decode sizes (4 rows)" in printed
+    try:
+        import matplotlib  # noqa: F401
+
+        assert (tmp_path / "r.png").stat().st_size > 0
+    except ImportError:
+        pass
+    # a spent budget: no shape starts, each is listed as skipped, the files still written
+    assert bench.main(argv + ["--budget-s", "1e-9"]) == 0
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["rows"] == [] and [s["shape"] for s in doc["skipped"]] == ["tiny-a", "tiny-dec"]
