@@ -1003,6 +1003,8 @@ def parse_args(argv=None):
         args.max_calls = 20 if q else 50
     if args.calls is None:
         args.calls = args.reps
+    if min(args.rounds, args.select_rounds, args.min_calls, args.max_calls) < 1:
+        p.error("rounds and calls must be at least 1")
     for lst, ok in ((args.routing, ROUTINGS), (args.passes, PASSES)):
         bad = [v for v in lst.split(",") if v not in ok]
         if bad:

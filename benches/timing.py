@@ -189,6 +189,7 @@ def round_robin(
     call per sample, no spin, the host waiting for each sample to finish (the launch
     latency inside every sample); ``graph``: each sample one replay of a CUDA graph of the
     sample's calls where capture works (else events, said in ``mode``)."""
+    rounds = max(1, rounds)
     names = [k for k, v in impls.items() if v is not None]
     res = {}
     live = {}
