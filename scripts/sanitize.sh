@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # compute-sanitizer over groupmm's CUDA case list (scripts/sanitize_cases.py): memcheck,
-# racecheck, synccheck and initcheck, once per kernel path (groupmm's varlen kernels, the
-# gathering varlen kernel with GROUPMM_SM90_GATHER=1 ("gather"), and
+# racecheck, synccheck and initcheck, once per kernel path (groupmm's varlen kernels in the
+# heuristic's choice ("varlen") and in each forced configuration ("varlen-<config>" with
+# GROUPMM_SM90_VARLEN_CONFIG=<config>: pp128, co128, co192), the gathering varlen kernel
+# with GROUPMM_SM90_GATHER=1 ("gather"), and
 # the CUTLASS ptr-array kernels in each sm90 tile configuration, which the case list's
 # shapes reach with GROUPMM_SM90_VARLEN=0 / GROUPMM_SM90_CONFIG), every form and dtype.
 # Prints one summary line per tool and exits non-zero on any report (or a tool failure).
@@ -22,13 +24,15 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/sanitize}
 mkdir -p "$OUT"
 TOOLS=${TOOLS:-memcheck racecheck synccheck initcheck unwritten}
-PATHS=${PATHS:-varlen gather 128x256 128x128 ping64x128}
+PATHS=${PATHS:-varlen varlen-pp128 varlen-co128 varlen-co192 gather 128x256 128x128 ping64x128}
 LIMIT=${SAN_TIMEOUT:-600}
 status=0
 for tool in $TOOLS; do
   total=0 runs=0 failed=0
   for path in $PATHS; do
     if [ "$path" = varlen ]; then env=(GROUPMM_SM90_VARLEN=auto)
+    elif [ "${path#varlen-}" != "$path" ]; then
+      env=(GROUPMM_SM90_VARLEN=auto GROUPMM_SM90_VARLEN_CONFIG="${path#varlen-}")
     elif [ "$path" = gather ]; then env=(GROUPMM_SM90_VARLEN=auto GROUPMM_SM90_GATHER=1)
     else env=(GROUPMM_SM90_VARLEN=0 GROUPMM_SM90_CONFIG="$path"); fi
     log="$OUT/$tool-$path.log"

@@ -7,7 +7,7 @@
 
 #include "device/align.h"
 #include "groupmm/src/exec/ffi.rs.h"
-#include "heuristics/sm90.h"
+#include "heuristics/choose.h"
 
 #include <algorithm>
 #include <climits>
@@ -32,7 +32,8 @@ std::unique_ptr<ListPlan> plan(const ListRequest& r, const ListGroup* groups, si
   pl->device = r.device;
   pl->stream = reinterpret_cast<cudaStream_t>(r.stream);
   pl->dev = dev;
-  const Engines en = engines(r.dtype, r.out_dtype, r.allow_tf32, dev);
+  // Whether the engines of this dtype pair have an aligned primary (choose.h).
+  const bool aligned_engine = has_aligned_engine(r.dtype, r.out_dtype);
   if (count > size_t(INT32_MAX)) throw std::runtime_error("too many groups");
   const int64_t G = int64_t(count);
   if (G > 0 && groups == nullptr) throw std::runtime_error("null group array");
@@ -72,7 +73,7 @@ std::unique_ptr<ListPlan> plan(const ListRequest& r, const ListGroup* groups, si
       pl->zero_max_elems = std::max(pl->zero_max_elems, m * n);
       continue;
     }
-    const bool fast = en.has_primary &&
+    const bool fast = aligned_engine &&
                       aligned16(a.ptr, a.ld, a.major == kRowMajor ? k : m, ei) &&
                       aligned16(b.ptr, b.ld, b.major == kRowMajor ? n : k, ei) &&
                       aligned16(c.ptr, c.ld, n, eo);
@@ -86,18 +87,15 @@ std::unique_ptr<ListPlan> plan(const ListRequest& r, const ListGroup* groups, si
     pl->sets[size_t(s)].count++;
     pl->route[size_t(i)] = s;
   }
-  const char* config = "";
-  if (en.has_primary && en.primary == Engine::kSm90Tma) {
-    Sm90Shape s;
-    s.list = true;
-    s.groups = std::max<int64_t>(1, nonempty);
-    s.m = nonempty > 0 ? summ / nonempty : 0;
-    s.n = maxn;
-    s.k = maxk;
-    s.sm_count = dev.sm_count;
-    config = sm90_pick_config(s);
-  }
-  const Kernels ks = kernels(en, r.dtype, r.out_dtype, config);
+  ListCall call;
+  call.in = r.dtype;
+  call.out = r.out_dtype;
+  call.allow_tf32 = r.allow_tf32;
+  call.groups = std::max<int64_t>(1, nonempty);
+  call.avg_m = nonempty > 0 ? summ / nonempty : 0;
+  call.max_n = maxn;
+  call.max_k = maxk;
+  const Kernels ks = choose_list(call, dev);
   size_t off = 0;
   for (size_t j = 0; j < pl->sets.size(); ++j) {
     ListSet& s = pl->sets[j];

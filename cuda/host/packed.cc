@@ -5,7 +5,7 @@
 
 #include "device/align.h"
 #include "groupmm/src/exec/ffi.rs.h"
-#include "heuristics/sm90.h"
+#include "heuristics/choose.h"
 
 #include <algorithm>
 #include <climits>
@@ -29,14 +29,10 @@ std::string context(const PackedRequest& r) {
          " groups, device " + std::to_string(r.device) + "): ";
 }
 
-// The varlen kernels (kernels/varlen.h) for a GroupedM call with row-major activations or
-// a GroupedK call with M-major A (x^T of row-major x) and row-major B (dY), 16-bit, where
-// the sm90 rule picks them: fills pl.varlen / pl.va and returns true. A gathered GroupedM
-// call (r.a_index; submit_packed lets one through only when sm90_gather_in_gemm()) takes
-// them wherever they can read it.
-bool plan_varlen(const PackedRequest& r, const PackedDesc& d, PackedPlan& pl) {
-  varlen::Args& x = pl.va;
-  const bool gather = r.a_index != 0;
+// The call as the varlen kernels would read it (kernels/varlen/args.h): a GroupedM call with
+// row-major activations, or a GroupedK call with M-major A (x^T of row-major x) and row-major
+// B (dY); false for any other layout.
+bool varlen_args(const PackedRequest& r, const PackedDesc& d, const PackedPlan& pl, varlen::Args& x) {
   if (r.form == Form::GroupedM && d.a.major == kRowMajor) {
     x.mode = varlen::Mode::M;
     x.b_k_major = d.b.major == kColMajor;
@@ -49,7 +45,7 @@ bool plan_varlen(const PackedRequest& r, const PackedDesc& d, PackedPlan& pl) {
   }
   x.a = reinterpret_cast<const void*>(d.a.ptr);
   x.lda = d.a.ld;
-  x.gather = reinterpret_cast<const int*>(r.a_index);
+  x.gather = reinterpret_cast<const int*>(r.fusion.src);
   x.a_rows = r.a.rows;
   x.b = reinterpret_cast<const void*>(d.b.ptr);
   x.ldb = d.b.ld;
@@ -64,17 +60,7 @@ bool plan_varlen(const PackedRequest& r, const PackedDesc& d, PackedPlan& pl) {
   x.sm_count = pl.dev.sm_count;
   x.device = pl.device;
   x.stream = pl.stream;
-  Sm90Shape s;
-  s.form = r.form;
-  s.groups = d.groups;
-  s.m = d.m;
-  s.n = d.n;
-  s.k = d.k;
-  s.sm_count = pl.dev.sm_count;
-  if (!varlen::can_run(x) || !(gather || sm90_use_varlen(s))) return false;
-  pl.varlen = find_kernel(Engine::kSm90Varlen, r.dtype, r.out_dtype,
-                          gather ? "varlen_m_gather" : x.mode == varlen::Mode::M ? "varlen_m" : "varlen_k");
-  return pl.varlen != nullptr;
+  return true;
 }
 
 PackedPlan plan_packed(const PackedRequest& r, const DevInfo& dev) {
@@ -106,24 +92,22 @@ PackedPlan plan_packed(const PackedRequest& r, const DevInfo& dev) {
     throw std::runtime_error("offs: null device pointer");
   }
   pl.combo = combo_of(d.a.major, d.b.major);
-  Engines en = engines(r.dtype, r.out_dtype, r.allow_tf32, dev);
-  if (en.has_primary && en.primary == Engine::kSm90Tma && plan_varlen(r, d, pl)) return pl;
-  if (r.a_index != 0) {  // only the varlen kernels gather rows: the caller gathers them
-    pl.need_gather = true;
-    return pl;
-  }
-  const char* config = "";
-  if (en.has_primary && en.primary == Engine::kSm90Tma) {
-    Sm90Shape s;
-    s.form = r.form;
-    s.groups = G;
-    s.m = m;
-    s.n = n;
-    s.k = k;
-    s.sm_count = dev.sm_count;
-    config = sm90_pick_config(s);
-  }
-  pl.k = kernels(en, r.dtype, r.out_dtype, config);
+  PackedCall call;
+  call.form = r.form;
+  call.in = r.dtype;
+  call.out = r.out_dtype;
+  call.allow_tf32 = r.allow_tf32;
+  call.groups = G;
+  call.m = m;
+  call.n = n;
+  call.k = k;
+  call.gather = r.fusion.src != 0;
+  if (varlen_args(r, d, pl, pl.va)) call.varlen = &pl.va;
+  const PackedChoice choice = choose_packed(call, dev);
+  pl.unsupported = choice.unsupported;
+  pl.varlen = choice.varlen;
+  if (pl.unsupported || pl.varlen != nullptr) return pl;
+  pl.k = choice.kernels;
   d.primary_on = pl.k.primary != nullptr;
 
   // Can the host prove every group 16-byte aligned (device/align.h)? The bases, leading
@@ -216,13 +200,13 @@ OpDesc op_desc(const Operand& o) {
 PackedSubmit submit_packed(const PackedRequest& r, uint64_t workspace, size_t workspace_bytes) {
   PackedSubmit out{};
   try {
-    if (r.a_index != 0 && (r.form != Form::GroupedM || r.a.rows < 0)) {
-      throw std::runtime_error("internal: a gathered A (a_index) needs the GroupedM form");
+    if (r.fusion.src != 0 && (r.form != Form::GroupedM || r.a.rows < 0)) {
+      throw std::runtime_error("internal: gathered A rows (fusion.src) need the GroupedM form");
     }
-    // In-GEMM gathering off (the default, heuristics/sm90.h): answer before any device work,
-    // so that the caller's gather-then-submit path plans the product once.
-    if (r.a_index != 0 && !sm90_gather_in_gemm()) {
-      out.status = Submitted::NeedGather;
+    // In-GEMM gathering off (the default, heuristics/choose.h): answer before any device
+    // work, so that the caller's composed path plans the product once.
+    if (r.fusion.src != 0 && !gather_in_gemm()) {
+      out.status = Submitted::Unsupported;
       return out;
     }
     if (take_offs_flag(r.device)) {
@@ -230,8 +214,8 @@ PackedSubmit submit_packed(const PackedRequest& r, uint64_t workspace, size_t wo
       return out;
     }
     PackedPlan pl = plan_packed(r, enter(r.device));
-    if (pl.need_gather) {
-      out.status = Submitted::NeedGather;
+    if (pl.unsupported) {
+      out.status = Submitted::Unsupported;
       return out;
     }
     const size_t need = pl.workspace_bytes();

@@ -4,7 +4,7 @@
 #pragma once
 #include "device/args.h"
 #include "host/device.h"
-#include "host/engines.h"
+#include "heuristics/choose.h"
 
 #include <cuda_runtime_api.h>
 
@@ -21,12 +21,12 @@ struct Operand;
 OpDesc op_desc(const Operand& o);
 
 struct PackedPlan {
-  // Set when the call runs on groupmm's own varlen kernels (kernels/varlen.h): then the
+  // Set when the call runs on groupmm's own varlen kernels (kernels/varlen/): then the
   // rest of the plan is unused: no argument builder, no sets, no workspace.
   const KernelEntry* varlen = nullptr;
   varlen::Args va;
-  // A gathered request (a_index) that no kernel here reads: nothing else is planned.
-  bool need_gather = false;
+  // The request's fusion is one no kernel here does: nothing else is planned.
+  bool unsupported = false;
   PackedDesc d;  // what the argument builder reads (its sets are placed at launch)
   Kernels k;
   int combo = 0;

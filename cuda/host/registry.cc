@@ -1,9 +1,9 @@
 // The kernel table: the KernelList of every kernels/*.cu file this build compiled, as
 // build.rs listed them in groupmm_kernel_files.inc (one GMM_KERNEL_FILE(<stem>) line per
-// file). Host only.
+// file), and the two calls every launch goes through. Host only.
 #include "kernels/registry.h"
 
-#include <cstring>
+#include <stdexcept>
 
 namespace gmm {
 
@@ -31,17 +31,26 @@ const KernelEntry* first_entry(F&& match) {
 
 }  // namespace
 
-const KernelEntry* find_kernel(Engine engine, DType in, DType out, const char* config) {
+const KernelEntry* find_kernel(Engine engine, DType in, DType out, Sm90Tile tile) {
+  return first_entry(
+      [&](const KernelEntry& e) { return e.engine == engine && e.in == in && e.out == out && e.tile == tile; });
+}
+
+const KernelEntry* find_varlen(DType dtype, const varlen::Config& config) {
   return first_entry([&](const KernelEntry& e) {
-    return e.engine == engine && e.in == in && e.out == out &&
-           std::strcmp(e.config, config) == 0;
+    return e.engine == Engine::kSm90Varlen && e.in == dtype && e.out == dtype && e.varlen == config;
   });
 }
 
-bool has_sm90_config(const char* config) {
-  return first_entry([&](const KernelEntry& e) {
-           return e.engine == Engine::kSm90Tma && std::strcmp(e.config, config) == 0;
-         }) != nullptr;
+size_t kernel_workspace(const KernelEntry* k, int combo, int64_t count, int sm_count) {
+  if (k == nullptr || k->workspace_bytes == nullptr || count == 0) return 0;
+  return k->workspace_bytes(combo, count, sm_count);
+}
+
+void run_kernel(const KernelEntry* k, int combo, const GemmSet& s, const RunCtx& ctx) {
+  if (s.count == 0) return;
+  std::string err = k->run(combo, s, ctx);
+  if (!err.empty()) throw std::runtime_error(err);
 }
 
 }  // namespace gmm

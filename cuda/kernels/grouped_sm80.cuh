@@ -186,10 +186,10 @@ std::string run16(int combo, const GemmSet& s, const RunCtx& ctx) {
 // The four registry entries of a 16-bit family file: same-dtype and float32 outputs,
 // aligned and any-alignment.
 #define GMM_SM80_16BIT_KERNELS(stem, T, DT)                                              \
-  GMM_KERNEL_LIST(stem, {Engine::kSm80Aligned, DT, DT, "", nullptr, &run16<T, T, true>},  \
-                  {Engine::kSm80Any, DT, DT, "", nullptr, &run16<T, T, false>},           \
-                  {Engine::kSm80Aligned, DT, DType::F32, "", nullptr,                     \
+  GMM_KERNEL_LIST(stem, {Engine::kSm80Aligned, DT, DT, Sm90Tile::kNone, nullptr, &run16<T, T, true>},  \
+                  {Engine::kSm80Any, DT, DT, Sm90Tile::kNone, nullptr, &run16<T, T, false>},           \
+                  {Engine::kSm80Aligned, DT, DType::F32, Sm90Tile::kNone, nullptr,                     \
                    &run16<T, float, true>},                                               \
-                  {Engine::kSm80Any, DT, DType::F32, "", nullptr, &run16<T, float, false>})
+                  {Engine::kSm80Any, DT, DType::F32, Sm90Tile::kNone, nullptr, &run16<T, float, false>})
 
 }  // namespace gmm

@@ -29,7 +29,7 @@
 namespace gmm {
 
 // Tile configurations, one family per kernels/sm90_<dtype>_grouped_<config>.cu file (they
-// compile in parallel); the choice lives in cuda/heuristics/sm90.cc. The group tile
+// compile in parallel); the choice lives in cuda/heuristics/choose.cc. The group tile
 // scheduler rounds each group's M tiles up to the cluster's M extent, so a 2x1x1 cluster
 // wastes a whole CTA on a group with a single M tile: the small-expert configurations use
 // 1x1x1 clusters. A new configuration may define its Cfg in its own file.
@@ -218,12 +218,12 @@ struct Sm90Entry {
 };
 
 // Defines the KernelList of kernels/<stem>.cu (stem = sm90_<dtype>_grouped_<config>):
-// element type T (DType DT in and out), tile configuration Cfg named CONFIG, LABEL for
+// element type T (DType DT in and out), tile configuration Cfg (Sm90Tile TILE), LABEL for
 // messages.
-#define GMM_SM90_KERNEL(stem, T, DT, CONFIG, Cfg, LABEL)                                \
+#define GMM_SM90_KERNEL(stem, T, DT, TILE, Cfg, LABEL)                                  \
   template <>                                                                           \
   const char* Sm90Entry<T, Cfg>::label = LABEL;                                         \
-  GMM_KERNEL_LIST(stem, {Engine::kSm90Tma, DT, DT, CONFIG,                              \
+  GMM_KERNEL_LIST(stem, {Engine::kSm90Tma, DT, DT, TILE,                                \
                          &Sm90Entry<T, Cfg>::workspace_bytes, &Sm90Entry<T, Cfg>::run})
 
 }  // namespace gmm

@@ -1,12 +1,12 @@
 // The kernel registry: every kernels/<stem>.cu file defines a list of KernelEntry with
 // GMM_KERNEL_LIST(<stem>, ...), and build.rs lists the files it compiled (one
 // GMM_KERNEL_FILE(<stem>) line each, generated into groupmm_kernel_files.inc), so that
-// adding a kernel family is adding one file (plus, for an sm90 tile configuration, one
-// line in cuda/heuristics/sm90.cc that picks it). See ARCHITECTURE.md.
+// adding a kernel family is adding one file; cuda/heuristics/choose.cc decides when it
+// runs. See ARCHITECTURE.md.
 #pragma once
 #include "device/gemm_set.h"
 #include "device/types.h"
-#include "kernels/varlen.h"
+#include "kernels/varlen/args.h"
 
 #include <cstddef>
 #include <cstdint>
@@ -22,25 +22,33 @@ enum class Engine : int {
   kF32Simt,      // CUTLASS 2.x grouped, float32 SIMT (full fp32)
   kTf32,         // CUTLASS 2.x grouped, float32 on TF32 tensor cores
   kF64,          // CUTLASS 2.x grouped, float64 tensor cores
-  kSm90Varlen,   // groupmm's own sm_90a kernels for the packed MoE forms (kernels/varlen.h)
+  kSm90Varlen,   // groupmm's own sm_90a kernels for the packed MoE forms (kernels/varlen/)
 };
 
-// One kernel family: runs the problems of a GemmSet for each of the four A/B layout
-// combinations (combo_of).
+// The tile configurations of the kSm90Tma engine, one per kernels/sm90_<dtype>_grouped_<tile>.cu
+// (names: heuristics/choose.cc's table, the values of GROUPMM_SM90_CONFIG).
+enum class Sm90Tile : uint8_t {
+  kNone = 0,    // the other engines
+  k128x256,     // 128x256x64 cooperative, cluster 2x1x1
+  k128x128,     // 128x128x64 cooperative, cluster 1x1x1
+  kPing64x128,  // 64x128x128 ping-pong, cluster 1x1x1
+};
+
+// One kernel family.
 struct KernelEntry {
   Engine engine;
   DType in, out;
-  // kSm90Tma: the tile configuration's name, the <config> of its file
-  // kernels/sm90_<dtype>_grouped_<config>.cu; "" for the other engines.
-  const char* config;
+  Sm90Tile tile;  // kSm90Tma: its tile configuration; kNone otherwise
   // Workspace the kernel needs for `count` problems (host only, never syncs); nullptr
   // when it needs none.
   size_t (*workspace_bytes)(int combo, int64_t count, int sm_count);
-  // Runs the problems of `s` on ctx.stream: "" on success, else a message that names the
-  // kernel and the failed call. Null for kSm90Varlen.
+  // Runs the problems of a GemmSet for each of the four A/B layout combinations (combo_of)
+  // on ctx.stream: "" on success, else a message that names the kernel and the failed call.
+  // Null for kSm90Varlen.
   std::string (*run)(int combo, const GemmSet& s, const RunCtx& ctx);
-  // kSm90Varlen only (`config` "varlen_m" or "varlen_k"): runs one packed call, reading
+  // kSm90Varlen only: its configuration, and the launcher of one packed call, which reads
   // offs on the device itself (no GemmSet, no argument builder, no workspace).
+  varlen::Config varlen = {};
   std::string (*run_varlen)(const varlen::Args& x) = nullptr;
 };
 
@@ -52,17 +60,24 @@ struct KernelList {
 
 // Defines the KernelList of the kernels/<stem>.cu file being compiled (inside namespace
 // gmm); `stem` must be the file's name without .cu.
-#define GMM_KERNEL_LIST(stem, ...)                                    \
-  static const ::gmm::KernelEntry stem##_entries[] = {__VA_ARGS__};   \
-  extern const ::gmm::KernelList kernels_##stem;                      \
-  const ::gmm::KernelList kernels_##stem = {                          \
-      stem##_entries, int(sizeof(stem##_entries) / sizeof(stem##_entries[0]))};
+#define GMM_KERNEL_LIST(stem, ...)                                  \
+  static const ::gmm::KernelEntry stem##_entries[] = {__VA_ARGS__}; \
+  extern const ::gmm::KernelList kernels_##stem;                    \
+  const ::gmm::KernelList kernels_##stem = {stem##_entries,         \
+                                            int(sizeof(stem##_entries) / sizeof(stem##_entries[0]))};
 
-// The kernel of `engine` for inputs `in` and outputs `out` (and, for kSm90Tma, tile
-// configuration `config`) in this build, or nullptr (cuda/host/registry.cc).
-const KernelEntry* find_kernel(Engine engine, DType in, DType out, const char* config = "");
+// The kernel of `engine` for inputs `in` and outputs `out` (and, for kSm90Tma, tile `tile`)
+// in this build, or nullptr (cuda/host/registry.cc).
+const KernelEntry* find_kernel(Engine engine, DType in, DType out, Sm90Tile tile = Sm90Tile::kNone);
 
-// True when this build holds an sm90 kernel of configuration `config` for any dtype.
-bool has_sm90_config(const char* config);
+// The varlen kernel of configuration `config` for `dtype` in this build, or nullptr.
+const KernelEntry* find_varlen(DType dtype, const varlen::Config& config);
+
+// Workspace bytes `k` needs for `count` problems of layout combination `combo`.
+size_t kernel_workspace(const KernelEntry* k, int combo, int64_t count, int sm_count);
+
+// Runs the problems of set `s` with `k` (nothing when the set is empty); throws the
+// kernel's message on failure.
+void run_kernel(const KernelEntry* k, int combo, const GemmSet& s, const RunCtx& ctx);
 
 }  // namespace gmm

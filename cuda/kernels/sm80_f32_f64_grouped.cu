@@ -34,8 +34,8 @@ std::string f64_tensor(int combo, const GemmSet& s, const RunCtx& ctx) {
 }  // namespace
 
 GMM_KERNEL_LIST(sm80_f32_f64_grouped,
-                {Engine::kF32Simt, DType::F32, DType::F32, "", nullptr, &f32_simt},
-                {Engine::kTf32, DType::F32, DType::F32, "", nullptr, &f32_tf32},
-                {Engine::kF64, DType::F64, DType::F64, "", nullptr, &f64_tensor})
+                {Engine::kF32Simt, DType::F32, DType::F32, Sm90Tile::kNone, nullptr, &f32_simt},
+                {Engine::kTf32, DType::F32, DType::F32, Sm90Tile::kNone, nullptr, &f32_tf32},
+                {Engine::kF64, DType::F64, DType::F64, Sm90Tile::kNone, nullptr, &f64_tensor})
 
 }  // namespace gmm

@@ -230,13 +230,14 @@ fn stream_and_tf32<M: Memory>(mem: &mut M, device: i32, dtype: DType) -> Result<
 }
 
 /// The request of a packed product whose inputs went through [`readable`] and whose
-/// target `c` is contiguous row-major; `a_index` (contiguous int32) gathers A's rows.
+/// target `c` is contiguous row-major; `src` (contiguous int32, the routed-row index)
+/// gathers A's rows (the request's fusion).
 fn packed_request(
     plan: &PackedPlan,
     a: &Tensor,
     b: &Tensor,
     offs: Option<&Offs>,
-    a_index: Option<&Offs>,
+    src: Option<&Offs>,
     c: &Tensor,
     (stream, allow_tf32): (u64, bool),
 ) -> Result<ffi::PackedRequest> {
@@ -254,14 +255,17 @@ fn packed_request(
         b: kernel_operand(b)?,
         c: kernel_operand(c)?,
         offs: offs.map_or(0, |o| o.ptr as u64),
-        a_index: a_index.map_or(0, |o| o.ptr as u64),
+        fusion: ffi::Fusion {
+            src: src.map_or(0, |o| o.ptr as u64),
+        },
         stream,
     })
 }
 
 /// Runs a validated packed product on CUDA into the contiguous target `c`. With
-/// `a_index` (a GroupedM plan over its rows; `a` holds the rows it names) the product
-/// reads A's rows through it; `Ok(false)` then says that no kernel here can (nothing ran).
+/// `src` (a GroupedM plan over its rows; `a` holds the rows it names) the product reads
+/// A's rows through it; `Ok(false)` then says that no kernel here can (nothing ran: the
+/// bridge answered `Unsupported`).
 ///
 /// # Safety
 /// The descriptions are of live memory on the device for the whole call.
@@ -271,13 +275,13 @@ pub(super) unsafe fn packed<M: Memory>(
     a: &Tensor,
     b: &Tensor,
     offs: Option<&Offs>,
-    a_index: Option<&Offs>,
+    src: Option<&Offs>,
     c: &Tensor,
 ) -> Result<bool> {
     check_compiled()?;
     let device = device_index(a);
     let st = stream_and_tf32(mem, device, a.dtype)?;
-    let req = packed_request(plan, a, b, offs, a_index, c, st)?;
+    let req = packed_request(plan, a, b, offs, src, c, st)?;
     #[cfg(groupmm_cuda)]
     {
         let (ws, ws_bytes) = mem.cached_workspace(device, st.0);
@@ -286,7 +290,7 @@ pub(super) unsafe fn packed<M: Memory>(
         let r = unsafe { ffi::submit_packed(&req, ws, ws_bytes) }.map_err(seam)?;
         match r.status {
             ffi::Submitted::Launched => Ok(true),
-            ffi::Submitted::NeedGather => Ok(false),
+            ffi::Submitted::Unsupported => Ok(false),
             ffi::Submitted::OffsPending => {
                 Err(crate::shape::offs_error_pending(Device::Cuda(device)))
             }
@@ -466,7 +470,7 @@ mod tests {
         };
         let r = packed_request(&plan, &xt, &dy, Some(&offs), None, &c, (77, false)).unwrap();
         assert_eq!(r.form, ffi::Form::GroupedK);
-        assert_eq!(r.a_index, 0, "no gathered rows unless asked for");
+        assert_eq!(r.fusion.src, 0, "no gathered rows unless asked for");
         assert_eq!((r.groups, r.m, r.n, r.k), (4, 32, 48, 64));
         assert_eq!(
             (r.a.rows, r.a.cols, r.a.ld, r.a.col_major),
@@ -494,7 +498,7 @@ mod tests {
         let (offs, index) = (at(8192, g), at(4096, rows));
         let r = packed_request(&plan, &x, &w, Some(&offs), Some(&index), &c, (77, false)).unwrap();
         assert_eq!(r.form, ffi::Form::GroupedM);
-        assert_eq!((r.m, r.n, r.k, r.a.rows, r.a_index), (24, 8, 16, 10, 4096));
+        assert_eq!((r.m, r.n, r.k, r.a.rows, r.fusion.src), (24, 8, 16, 10, 4096));
     }
 
     #[test]

@@ -82,12 +82,23 @@ pub(crate) mod bridge {
         c: Operand,
         /// Device address of the contiguous int32 `offs[groups]`; 0 for Batched.
         offs: u64,
-        /// GroupedM only, else 0: device address of a contiguous int32 `[m]` row index.
-        /// Row `r` of the product's A is then row `a_index[r]` of `a` (whose `rows` may
-        /// differ from `m`); an index outside `[0, a.rows)` reads a row of zeros.
-        a_index: u64,
+        /// What the product does beyond `c = a · b` (see [`Fusion`]).
+        fusion: Fusion,
         /// The `cudaStream_t` to run on.
         stream: u64,
+    }
+
+    /// The parts of a packed product beyond `c = a · b` that a kernel may or may not do
+    /// (Hopper's varlen kernels do some, the other kernels none). Each is one field here;
+    /// where no kernel for the device, dtype and layout does what is asked,
+    /// [`submit_packed`] answers [`Submitted::Unsupported`] before any device work and the
+    /// engine composes the same product from plain parts. All zero: a plain product.
+    #[derive(Clone, Copy, Debug)]
+    struct Fusion {
+        /// GroupedM only, else 0: device address of a contiguous int32 `[m]` routed-row
+        /// index: row `r` of the product's A is row `src[r]` of `a` (whose `rows` may
+        /// differ from `m`); an index outside `[0, a.rows)` reads a row of zeros.
+        src: u64,
     }
 
     /// One list product; its groups travel as a slice of [`ListGroup`].
@@ -166,10 +177,10 @@ pub(crate) mod bridge {
         NeedWorkspace = 1,
         /// Nothing was enqueued: an earlier call on the device met invalid `offs`.
         OffsPending = 2,
-        /// Nothing was enqueued: in-GEMM gathering is off (`GROUPMM_SM90_GATHER`), or no
-        /// kernel for this device, dtype and layout reads gathered rows (`a_index`).
-        /// Gather them and submit the plain product.
-        NeedGather = 3,
+        /// Nothing was enqueued: no kernel for this device, dtype and layout does what the
+        /// request's `fusion` asks (or a `GROUPMM_SM90_*` override turned it off).
+        /// Compose it from plain products and row ops.
+        Unsupported = 3,
     }
 
     /// The answer of [`submit_packed`].

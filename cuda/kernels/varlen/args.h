@@ -2,13 +2,16 @@
 // host side needs to know about them (no CUTLASS or CuTe types here).
 //
 //   varlen-M (GroupedM: forward, dX)  D[T, N] = A[T, K] x B[g](K, N), rows of group g
-//             (or with A's rows gathered: A[r] = a[gather[r]], the MoE forward on x in
+//             (or with A's rows gathered: A[r] = a[src[r]], the MoE forward on x in
 //             token order)
 //   varlen-K (GroupedK: dW)           D[g](M, N) = A(M, span_g) x B(span_g, N)
 //
-// kernels/varlen_sm90.cuh holds the kernel; one kernels/sm90_<dtype>_varlen_<m|k>_<tile>.cu
-// file instantiates each (dtype, mode) pair. ARCHITECTURE.md ("The varlen kernels") says how
-// they work and how a gathered-A operand or an epilogue fusion slots in.
+// The folder, by role: config.cuh (a kernel's compile-time configuration and shared
+// memory), scheduler.cuh (tiles from offs), producer.cuh (the loads), mainloop.cuh (the
+// wgmma k-loop), epilogue.cuh (accumulators to global memory), kernel.cuh (the roles and
+// the two consumer schedules), launch.cuh (host side: tensor maps and the launch). One
+// kernels/sm90_<dtype>_varlen_*.cu file instantiates the configurations of one
+// (dtype, mode) pair; cuda/heuristics/ chooses among them.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -17,7 +20,24 @@
 
 namespace gmm::varlen {
 
-enum class Mode : int { M = 0, K = 1 };
+enum class Mode : uint8_t { M = 0, K = 1 };
+
+// How the two consumer warpgroups share the work.
+// - Cooperative: both work on one 128-row tile (64 rows each) and store it together.
+// - PingPong: each takes whole tiles in turn; one runs its mainloop while the other runs
+//   its epilogue, handed over as soon as the last wgmma of a tile is issued.
+enum class Schedule : uint8_t { Cooperative = 0, PingPong = 1 };
+
+// One compiled kernel configuration, the key of its registry entry.
+struct Config {
+  Mode mode = Mode::M;
+  Schedule schedule = Schedule::Cooperative;
+  int bn = 128;         // tile width (the tile is 128 rows)
+  bool gather = false;  // varlen-M: A's rows read through Args::gather
+  constexpr bool operator==(const Config& o) const {
+    return mode == o.mode && schedule == o.schedule && bn == o.bn && gather == o.gather;
+  }
+};
 
 // One call. Strides are in elements.
 struct Args {
@@ -26,9 +46,9 @@ struct Args {
   //    A = x^T (M-major); lda = row stride of x.
   const void* a = nullptr;
   int64_t lda = 0;
-  // Gathered A (varlen-M, the "varlen_m_gather" kernels): row r of the product's A is row
-  // gather[r] of a, which has a_rows rows (device int32[m], never read on the host; rows
-  // whose index is outside [0, a_rows) read as zeros). Null for the plain kernels.
+  // Gathered A (Config::gather): row r of the product's A is row gather[r] of a, which has
+  // a_rows rows (device int32[m], never read on the host; rows whose index is outside
+  // [0, a_rows) read as zeros). Null for the plain kernels.
   const int* gather = nullptr;
   int64_t a_rows = 0;
   // B: varlen-M [G, K, N], element (k, n) of group g at b + g*ldb_batch + k*ldb + n, or at
@@ -51,9 +71,9 @@ struct Args {
 };
 
 // What the kernels can read (the TMA rules: 16-byte aligned bases and strides; whole
-// 16-byte output chunks, so N — and for varlen-K also M — a multiple of 8 elements), for
-// 2-byte elements.
-inline bool can_run(const Args& x) {
+// 16-byte output chunks, so N, and for varlen-K also M, a multiple of 8 elements), for
+// 2-byte elements. The heuristic (cuda/heuristics/) asks this before it picks a kernel.
+inline bool can_read(const Args& x) {
   auto al = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) % 16) == 0; };
   auto st = [](int64_t s) { return s >= 0 && (s * 2) % 16 == 0; };
   bool ok = al(x.a) && al(x.b) && al(x.d) && st(x.lda) && st(x.ldb) && st(x.ldd) &&
@@ -65,12 +85,5 @@ inline bool can_run(const Args& x) {
   }
   return ok;
 }
-
-// The entry points, one per kernels/sm90_<dtype>_varlen_*.cu: run the call on x.stream
-// (no host sync), "" on success or a message naming the failed step.
-std::string sm90_bf16_varlen_m_run(const Args& x);
-std::string sm90_f16_varlen_m_run(const Args& x);
-std::string sm90_bf16_varlen_k_run(const Args& x);
-std::string sm90_f16_varlen_k_run(const Args& x);
 
 }  // namespace gmm::varlen

@@ -1,0 +1,197 @@
+// The kernel choice (choose.h): every rule and the measurements behind it. Host only.
+#include "heuristics/choose.h"
+
+#include "heuristics/env.h"
+
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+namespace gmm {
+namespace {
+
+// ---------------------------------------------------------------------------------------
+// Engines by dtype pair and device.
+//
+// | inputs -> out                 | primary (16-byte-aligned) | fallback (the others)    |
+// | 16-bit -> same, sm_90 (built) | varlen or CUTLASS 3.x TMA | 2.x any-alignment        |
+// | 16-bit -> same, other GPUs    | 2.x aligned               | 2.x any-alignment        |
+// | 16-bit -> fp32                | 2.x aligned (fp32 out)    | 2.x any-alignment (fp32) |
+// | fp32                          | -                         | SIMT, or TF32 if allowed |
+// | fp64                          | -                         | fp64 tensor cores        |
+
+struct Engines {
+  bool has_primary = false;
+  Engine primary = Engine::kSm80Aligned;
+  Engine fallback = Engine::kSm80Any;
+};
+
+bool aligned16_inputs(DType in, DType out) { return is_16bit(in) && (out == in || out == DType::F32); }
+
+Engines engines(DType in, DType out, bool allow_tf32, const DevInfo& dev) {
+  if (dev.cc_major < 8) {
+    throw std::runtime_error("GPU of compute capability " + std::to_string(dev.cc_major) + "." +
+                             std::to_string(dev.cc_minor) + " is not supported (groupmm needs sm_80 or newer)");
+  }
+  Engines en;
+  if (aligned16_inputs(in, out)) {
+    // The sm90 kernels are in this build when the registry holds one for `in`.
+    const bool hopper = dev.cc_major == 9 && dev.cc_minor == 0 &&
+                        find_kernel(Engine::kSm90Tma, in, in, Sm90Tile::k128x256) != nullptr;
+    en.has_primary = true;
+    en.primary = (out == in && hopper) ? Engine::kSm90Tma : Engine::kSm80Aligned;
+  } else if (in == DType::F32 && out == DType::F32) {
+    en.fallback = allow_tf32 ? Engine::kTf32 : Engine::kF32Simt;
+  } else if (in == DType::F64 && out == DType::F64) {
+    en.fallback = Engine::kF64;
+  } else {
+    throw std::runtime_error(std::string("unsupported dtype combination: inputs ") + dtype_name(in) + ", output " +
+                             dtype_name(out) +
+                             " (16-bit inputs give the same dtype or float32; float32 and float64 give their own)");
+  }
+  return en;
+}
+
+// ---------------------------------------------------------------------------------------
+// The ptr-array tile (CUTLASS 3.x kernels). Measured on an H200 (benches/NOTES-gpu.md,
+// every config forced on every shape):
+// - 128x256 with a 2x1x1 cluster wins wherever a group has >= 2 M tiles of 128 rows, and
+//   for every GroupedK call (the output per group is K x N, large).
+// - The group tile scheduler rounds each group's M tiles up to the cluster's M (2), so a
+//   group of <= 128 rows runs half its CTAs empty under 128x256/2x1x1: there 128x128 with
+//   a 1x1x1 cluster wins (+14-16% on 64 experts x 128 rows), and the 64x128 ping-pong tile
+//   for still smaller groups (<= 64 rows per group on average; extrapolated).
+
+constexpr EnvName<Sm90Tile> kTileNames[] = {{"128x256", Sm90Tile::k128x256},
+                                            {"128x128", Sm90Tile::k128x128},
+                                            {"ping64x128", Sm90Tile::kPing64x128},
+                                            {"64x128", Sm90Tile::kPing64x128}};
+
+// rows: the M extent of each group's GEMM (GroupedM: the average over the groups).
+Sm90Tile ptr_array_tile(bool list, Form form, int64_t groups, int64_t rows, int64_t n, int64_t k) {
+  static const std::optional<Sm90Tile> forced = env_choice("GROUPMM_SM90_CONFIG", kTileNames);
+  if (forced) return *forced;
+  if (groups <= 0 || rows <= 0 || n <= 0 || k <= 0) return Sm90Tile::k128x256;
+  if (!list && form == Form::GroupedK) return Sm90Tile::k128x256;
+  if (rows <= 64) return Sm90Tile::kPing64x128;
+  if (rows <= 128) return Sm90Tile::k128x128;
+  return Sm90Tile::k128x256;
+}
+
+Kernels resolve(const Engines& en, DType in, DType out, Sm90Tile tile) {
+  Kernels k;
+  if (en.has_primary) {
+    const Sm90Tile t = en.primary == Engine::kSm90Tma ? tile : Sm90Tile::kNone;
+    k.primary = find_kernel(en.primary, in, out, t);
+    if (k.primary == nullptr) {
+      throw std::runtime_error(std::string("no ") + (t != Sm90Tile::kNone ? "sm90 " : "") + "kernel for inputs " +
+                               dtype_name(in) + ", output " + dtype_name(out) + " in this build");
+    }
+  }
+  k.fallback = find_kernel(en.fallback, in, out);
+  if (k.fallback == nullptr) {
+    throw std::runtime_error(std::string("no kernel for inputs ") + dtype_name(in) + ", output " + dtype_name(out) +
+                             " in this build");
+  }
+  return k;
+}
+
+// ---------------------------------------------------------------------------------------
+// The varlen kernels (groupmm's own, kernels/varlen/).
+//
+// Varlen or ptr-array (run 7, H200 and H100): the varlen kernels beat the ptr-array ones
+// (and F.grouped_mm) by 1.03-1.9x on fine-grained experts, every pass; on large experts
+// (Mixtral, 4096 rows per expert) they were 0.95-1.00x, so calls with more than
+// kVarlenMaxRows rows (tokens) per group on average stay on the ptr-array kernels.
+constexpr int64_t kVarlenMaxRows = 1024;
+
+// The configuration (run 11, H200, benches/varlen_dev: 8 MoE shapes x uniform/Zipf-1.2 x
+// fwd/dX/dW, every configuration timed interleaved in one process):
+// - Ping-pong 128x192 is the best or within 2% of it on 40 of 48 rows: +1-8% over the
+//   cooperative 128x128 (varlen-M) / 128x192 (varlen-K) kernels that ran before.
+// - Where 192 columns pad N by more than 5% (N = 1024: 12.5%) ping-pong 128x128 wins
+//   (64 experts x 128 rows, N = 1024: +1-2% over cooperative, +5% over 128x192).
+// - Decode sizes (a few rows per expert) are weight-read bound: every configuration within
+//   noise.
+constexpr EnvName<varlen::Config> kVarlenNames[] = {
+    {"pp128", {varlen::Mode::M, varlen::Schedule::PingPong, 128, false}},
+    {"pp192", {varlen::Mode::M, varlen::Schedule::PingPong, 192, false}},
+    {"co128", {varlen::Mode::M, varlen::Schedule::Cooperative, 128, false}},
+    {"co192", {varlen::Mode::M, varlen::Schedule::Cooperative, 192, false}}};
+
+constexpr EnvName<bool> kOnOff[] = {{"0", false}, {"1", true}};
+
+varlen::Config auto_config(varlen::Mode mode, int64_t n) {
+  const int64_t pad192 = (n + 191) / 192 * 192, pad128 = (n + 127) / 128 * 128;
+  const int bn = mode == varlen::Mode::M && pad192 * 100 > pad128 * 105 ? 128 : 192;
+  return varlen::Config{mode, varlen::Schedule::PingPong, bn, false};
+}
+
+// The varlen kernel for a call of `mode` with N = n: the forced configuration where this
+// build has it for the mode (the file comments of kernels/sm90_*_varlen_*.cu list them),
+// else the rule's.
+const KernelEntry* varlen_kernel(DType dtype, varlen::Mode mode, int64_t n) {
+  static const std::optional<varlen::Config> forced = env_choice("GROUPMM_SM90_VARLEN_CONFIG", kVarlenNames);
+  if (forced) {
+    if (const KernelEntry* k = find_varlen(dtype, varlen::Config{mode, forced->schedule, forced->bn, false})) return k;
+  }
+  return find_varlen(dtype, auto_config(mode, n));
+}
+
+bool use_varlen(const PackedCall& c) {
+  static const std::optional<bool> forced = env_choice("GROUPMM_SM90_VARLEN", kOnOff);
+  if (forced) return *forced;
+  const int64_t rows = c.form == Form::GroupedM ? c.m : c.k;  // rows / tokens in all
+  return c.groups == 0 || rows <= kVarlenMaxRows * c.groups;
+}
+
+}  // namespace
+
+// The cp.async producer of the gathering kernel keeps too few A bytes in flight: on an
+// H200 (bf16, uniform top-8 routing, run 10) the up projection of a Qwen3-like layer took
+// 0.454 ms gathering in the GEMM vs 0.427 ms gathering first (0.94x), DeepSeek-V3-local
+// 3.70 vs 3.25 ms (0.88x); with 128 x 128 tiles it was 0.58x. Off unless forced.
+bool gather_in_gemm() {
+  static const bool on = env_choice("GROUPMM_SM90_GATHER", kOnOff).value_or(false);
+  return on;
+}
+
+PackedChoice choose_packed(const PackedCall& c, const DevInfo& dev) {
+  PackedChoice ch;
+  const Engines en = engines(c.in, c.out, c.allow_tf32, dev);
+  const bool sm90 = en.has_primary && en.primary == Engine::kSm90Tma;
+  if (sm90 && c.varlen != nullptr && varlen::can_read(*c.varlen) && c.in == c.out) {
+    if (c.gather) {
+      if (gather_in_gemm()) {
+        ch.varlen = find_varlen(c.in, varlen::Config{varlen::Mode::M, varlen::Schedule::Cooperative, 256, true});
+      }
+    } else if (use_varlen(c)) {
+      ch.varlen = varlen_kernel(c.in, c.varlen->mode, c.varlen->n);
+    }
+    if (ch.varlen != nullptr) return ch;
+  }
+  if (c.gather) {  // only the varlen kernels gather rows
+    ch.unsupported = true;
+    return ch;
+  }
+  Sm90Tile tile = Sm90Tile::kNone;
+  if (sm90) {
+    const int64_t rows = c.form == Form::GroupedM && c.groups > 0 ? c.m / c.groups : c.m;
+    tile = ptr_array_tile(false, c.form, c.groups, rows, c.n, c.k);
+  }
+  ch.kernels = resolve(en, c.in, c.out, tile);
+  return ch;
+}
+
+bool has_aligned_engine(DType in, DType out) { return aligned16_inputs(in, out); }
+
+Kernels choose_list(const ListCall& c, const DevInfo& dev) {
+  const Engines en = engines(c.in, c.out, c.allow_tf32, dev);
+  Sm90Tile tile = Sm90Tile::kNone;
+  if (en.has_primary && en.primary == Engine::kSm90Tma) {
+    tile = ptr_array_tile(true, Form::GroupedM, c.groups, c.avg_m, c.max_n, c.max_k);
+  }
+  return resolve(en, c.in, c.out, tile);
+}
+
+}  // namespace gmm

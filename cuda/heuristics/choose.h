@@ -1,0 +1,70 @@
+// The choice of kernels for a call: which engine, and for Hopper which kernel family and
+// configuration (varlen or ptr-array, tile, schedule, in-GEMM gather). One function per call
+// form, reading host-known values only (no device reads, no sync), so a launch plans once.
+// GROUPMM_SM90_* environment variables force any part of it (env.h; read once per process):
+//   GROUPMM_SM90_VARLEN         auto | 0 | 1   the varlen kernels never / whenever they can
+//   GROUPMM_SM90_VARLEN_CONFIG  auto | pp128 | pp192 | co128 | co192   varlen configuration
+//                               (where the build has it for the call's mode; else auto)
+//   GROUPMM_SM90_CONFIG         auto | 128x256 | 128x128 | ping64x128  ptr-array tile
+//   GROUPMM_SM90_GATHER         auto | 0 | 1   read gathered A rows inside the GEMM (auto: no)
+// Host only.
+#pragma once
+#include "device/types.h"
+#include "host/device.h"
+#include "kernels/registry.h"
+
+#include <cstdint>
+
+namespace gmm {
+
+// The kernels a call routes its groups to: `primary` (may be null) takes the groups that
+// meet the 16-byte rule (device/align.h), `fallback` every other group.
+struct Kernels {
+  const KernelEntry* primary = nullptr;
+  const KernelEntry* fallback = nullptr;
+};
+
+// A packed call as the choice sees it: the plan's form and sizes (GroupedM m = T rows,
+// GroupedK k = T tokens, GroupedN n = total columns).
+struct PackedCall {
+  Form form = Form::GroupedM;
+  DType in = DType::BF16, out = DType::BF16;
+  bool allow_tf32 = false;
+  int64_t groups = 0, m = 0, n = 0, k = 0;
+  // The request's fusion asks for A's rows through a routed-row index (GroupedM).
+  bool gather = false;
+  // The call as the varlen kernels would read it, or null when its layouts are not theirs
+  // (GroupedM with row-major A; GroupedK with x^T and row-major dY).
+  const varlen::Args* varlen = nullptr;
+};
+
+struct PackedChoice {
+  const KernelEntry* varlen = nullptr;  // set: one varlen launch does the whole call
+  Kernels kernels;                      // otherwise: the ptr-array / 2.x kernels
+  // The call asks for a fusion that no kernel here does (or that an override turned
+  // off): nothing is chosen, the caller composes it from plain calls.
+  bool unsupported = false;
+};
+
+// Throws std::runtime_error for an unsupported dtype pair or device, or a chosen kernel
+// this build lacks.
+PackedChoice choose_packed(const PackedCall& c, const DevInfo& dev);
+
+// A list call: `groups` non-empty groups of `avg_m` rows on average, `max_n`, `max_k` the
+// largest extents.
+struct ListCall {
+  DType in = DType::BF16, out = DType::BF16;
+  bool allow_tf32 = false;
+  int64_t groups = 0, avg_m = 0, max_n = 0, max_k = 0;
+};
+Kernels choose_list(const ListCall& c, const DevInfo& dev);
+
+// True when calls of this dtype pair have a primary kernel for 16-byte-aligned groups
+// (the list form routes each group by it before the choice).
+bool has_aligned_engine(DType in, DType out);
+
+// True when in-GEMM gathering is on (GROUPMM_SM90_GATHER=1): lets submit_packed answer
+// "unsupported" before any device work on the default path.
+bool gather_in_gemm();
+
+}  // namespace gmm

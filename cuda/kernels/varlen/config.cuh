@@ -1,0 +1,103 @@
+// A varlen kernel's compile-time configuration: element type, form, B's major, tile width,
+// consumer schedule, gathered A; the shared-memory layout that follows from it; and the
+// kernel's parameters. Device code (nvcc only).
+#pragma once
+#include "kernels/varlen/args.h"
+
+#include <cuda.h>
+
+#include <type_traits>
+
+#include "cute/arch/copy_sm90_tma.hpp"
+#include "cute/atom/mma_atom.hpp"
+#include "cute/atom/mma_traits_sm90_gmma.hpp"
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/numeric_types.h"
+#include "cutlass/pipeline/sm90_pipeline.hpp"
+
+namespace gmm::varlen {
+
+using namespace cute;
+
+template <class T_, Mode kMode_, bool kBKMajor_, int BN_, Schedule kSchedule_ = Schedule::Cooperative,
+          bool kGather_ = false>
+struct Cfg {
+  using T = T_;
+  static constexpr Mode kMode = kMode_;
+  static constexpr bool kBKMajor = kBKMajor_;  // varlen-M only; varlen-K's B is N-major
+  static constexpr Schedule kSchedule = kSchedule_;
+  static constexpr bool kPingPong = kSchedule == Schedule::PingPong;
+  // varlen-M only: A row r is row gather[r] of the activations, loaded by the producer
+  // warpgroup with cp.async (TMA cannot gather rows on sm_90).
+  static constexpr bool kGather = kGather_;
+  static_assert(!kGather || kMode == Mode::M, "gathered A: varlen-M only");
+  static constexpr int BM = 128, BN = BN_, BK = 64;
+  static constexpr Config kConfig{kMode, kSchedule, BN, kGather};
+  static constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
+  static constexpr bool kAKMajor = kMode == Mode::M;
+  static constexpr GMMA::Major kMajA = kAKMajor ? GMMA::Major::K : GMMA::Major::MN;
+  static constexpr GMMA::Major kMajB = (kMode == Mode::M && kBKMajor) ? GMMA::Major::K : GMMA::Major::MN;
+  static_assert(BN % 64 == 0, "BN: whole 64-column chunks");
+  // Ping-pong: one warpgroup holds a whole 128 x BN fp32 tile (BN registers per thread).
+  static_assert(!kPingPong || BN <= 192, "ping-pong: at most 192 columns per warpgroup");
+
+  using AtomA = conditional_t<kAKMajor, GMMA::Layout_K_SW128_Atom<T>, GMMA::Layout_MN_SW128_Atom<T>>;
+  using AtomB = conditional_t<kMajB == GMMA::Major::K, GMMA::Layout_K_SW128_Atom<T>, GMMA::Layout_MN_SW128_Atom<T>>;
+  // MN-major tiles are laid out K-first, so that each 64-wide MN chunk (one TMA box of
+  // 64 x BK elements) is contiguous.
+  using OrderA = conditional_t<kAKMajor, Step<_1, _2, _3>, Step<_2, _1, _3>>;
+  using OrderB = conditional_t<kMajB == GMMA::Major::K, Step<_1, _2, _3>, Step<_2, _1, _3>>;
+
+  // The epilogue's staging tile: cooperative, the whole BM x BN tile (64-column chunks of
+  // BM rows); ping-pong, per warpgroup two BM x 64 chunk buffers used in turn.
+  static constexpr int kDElems = kPingPong ? 2 * 2 * BM * 64 : BM * BN;
+  static constexpr int kStageBytes = (BM + BN) * BK * int(sizeof(T));
+  static constexpr int kTmaBytes = (kGather ? BN : BM + BN) * BK * int(sizeof(T));  // per stage
+  static constexpr int kSmemLimit = 232448;  // sm_90 opt-in maximum per block
+  static constexpr int kFit = (kSmemLimit - kDElems * int(sizeof(T)) - 1024) / kStageBytes;
+  static constexpr int kStages = kFit > 8 ? 8 : kFit;
+  static_assert(kStages >= 3, "tile too large for shared memory");
+
+  using SmemLayoutA = decltype(tile_to_shape(AtomA{}, make_shape(Int<BM>{}, Int<BK>{}, Int<kStages>{}), OrderA{}));
+  using SmemLayoutB = decltype(tile_to_shape(AtomB{}, make_shape(Int<BN>{}, Int<BK>{}, Int<kStages>{}), OrderB{}));
+
+  using MmaAtom = decltype(GMMA::ss_op_selector<T, T, float, Shape<_64, Int<BN>, Int<BK>>, kMajA, kMajB>());
+  // Cooperative: 2 warpgroups x 64 rows. Ping-pong: one warpgroup, two 64-row blocks.
+  using TiledMma =
+      decltype(make_tiled_mma(MmaAtom{}, Layout<Shape<Int<kPingPong ? 1 : 2>, _1, _1>>{}));
+  static constexpr int kConsumerThreads = kPingPong ? 128 : 256;  // per tile
+
+  using Pipeline = cutlass::PipelineTmaAsync<kStages>;
+
+  struct alignas(1024) Smem {
+    alignas(1024) T a[cosize_v<SmemLayoutA>];
+    alignas(1024) T b[cosize_v<SmemLayoutB>];
+    // 64-column chunks of BM rows, 128-byte rows with the TMA 128-byte swizzle: the layout
+    // of the store boxes.
+    alignas(1024) T d[kDElems];
+    typename Pipeline::SharedStorage pipe;
+  };
+  static constexpr int kSmemBytes = int(sizeof(Smem));
+  static_assert(kSmemBytes <= kSmemLimit, "shared memory");
+};
+
+struct Params {
+  CUtensorMap tma_a;  // varlen-M: 2-D [T, K]; varlen-K: ragged 4-D over x [T, M]
+  CUtensorMap tma_b;  // varlen-M: 3-D [G, K, N] (either major); varlen-K: ragged 4-D over dY
+  CUtensorMap tma_d;  // varlen-M: ragged 4-D over D [T, N]; varlen-K: 3-D [G, M, N]
+  const int* offs;
+  int groups;
+  int m, n, k;
+  int* err_flag;
+  // Gathered A (Cfg::kGather): the activations [a_rows, K] with row stride lda, and the
+  // int32 row of each of the m packed rows.
+  const void* a;
+  const int* gather;
+  int64_t lda;
+  int a_rows;
+};
+
+__host__ __device__ constexpr int big() { return 1 << 30; }  // the ragged maps' bound
+
+}  // namespace gmm::varlen
