@@ -83,13 +83,13 @@ class GroupedExperts(nn.Module):
         if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
             raise TypeError(f"dtype: expected a floating torch.dtype or None, found {dtype!r}")
         self.activation = activation
-        factory = {"device": device, "dtype": dtype}
         n_in = 2 * d_ff if activation == "swiglu" else d_ff
-        self.w_in = nn.Parameter(torch.empty(num_experts, d_model, n_in, **factory))
-        self.w_out = nn.Parameter(torch.empty(num_experts, d_ff, d_model, **factory))
+        dev, dt = device, dtype
+        self.w_in = nn.Parameter(torch.empty(num_experts, d_model, n_in, device=dev, dtype=dt))
+        self.w_out = nn.Parameter(torch.empty(num_experts, d_ff, d_model, device=dev, dtype=dt))
         if bias:
-            self.b_in = nn.Parameter(torch.empty(num_experts, n_in, **factory))
-            self.b_out = nn.Parameter(torch.empty(num_experts, d_model, **factory))
+            self.b_in = nn.Parameter(torch.empty(num_experts, n_in, device=dev, dtype=dt))
+            self.b_out = nn.Parameter(torch.empty(num_experts, d_model, device=dev, dtype=dt))
         else:
             self.register_parameter("b_in", None)
             self.register_parameter("b_out", None)
