@@ -15,6 +15,7 @@ cargo clippy "${locked[@]}" --all-targets --features python -- -D warnings
 echo "== cargo test"; cargo test "${locked[@]}"
 echo "== ruff"; "$PY" -m ruff check python tests benches scripts examples
 "$PY" -m ruff format --check python tests benches scripts examples
+echo "== mypy (python/groupmm; settings: pyproject.toml)"; "$PY" -m mypy python/groupmm
 echo "== stubtest (python/groupmm/_native.pyi against the built extension)"
 if "$PY" -c "import mypy.stubtest" 2>/dev/null; then
   "$PY" -m mypy.stubtest --mypy-config-file tests/stubtest/mypy.ini groupmm._native

@@ -22,7 +22,9 @@ __all__ = ["grouped_mm", "build_info", "__version__"]
 try:
     import torch as _torch  # noqa: F401
 except ImportError:  # numpy-only use
-    _torch = None
+    _HAS_TORCH = False
+else:
+    _HAS_TORCH = True
 
 
 def build_info() -> dict:
@@ -31,7 +33,7 @@ def build_info() -> dict:
     return dict(_native.build_info())
 
 
-if _torch is not None:
+if _HAS_TORCH:
     from ._api import grouped_mm
     from ._autograd import GroupedMM, GroupedMMList  # noqa: F401
 else:

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from . import _autocast, _library, _numpy
+from . import _checks as check
 from ._autograd import GroupedMMList, apply_grouped_mm
 from ._library import direct
 
@@ -75,12 +76,12 @@ def grouped_mm(
     if not (isinstance(a, Tensor) and isinstance(b, Tensor)):
         return _numpy.packed(a, b, offs, out_dtype, out)
     if out_dtype is not None:
-        _check_out_dtype(out_dtype)
+        check.out_dtype(out_dtype)  # traced: the ops' schema would refuse it in its words
     if not direct(a, b, offs):
         # compiling or tracing: the ops (autograd and autocast registered on them)
         if out is None:
             return _library.mm_op(a, b, offs, out_dtype)
-        _check_out(out, (a, b))
+        check.out(out, (a, b))  # before autograd records the call
         _library.mm_out_op(a, b, offs, out_dtype, out)
         return out
     # plain eager tensors: straight to Rust
@@ -92,7 +93,7 @@ def grouped_mm(
         offs = _dense("offs", offs)
     if out is not None:
         # like torch.mm(out=): autocast does not apply to out= calls
-        _check_out(out, (a, b))
+        check.out(out, (a, b))  # before autograd records the call
         _dense("out", out, output=True)
         _native_mm(a, b, offs, out_dtype, out)
         _bump_version(out)
@@ -130,37 +131,6 @@ def _bump_version(*outs: Tensor) -> None:
         torch.autograd.graph.increment_version(o)
 
 
-def _check_out_dtype(out_dtype) -> None:
-    if not isinstance(out_dtype, torch.dtype):
-        raise TypeError(
-            f"out_dtype: expected a torch.dtype or None, found {type(out_dtype).__name__}"
-        )
-
-
-def _check_out(out, inputs) -> None:
-    """``out`` of a packed product is a tensor, and ``out=`` is not differentiable (like
-    ``torch.mm(out=)``)."""
-    if not isinstance(out, Tensor):
-        raise TypeError(f"out: expected a torch.Tensor, found {type(out).__name__}")
-    _check_out_grad(out, inputs)
-
-
-def _check_out_grad(out, inputs) -> None:
-    if not _grad_enabled():
-        return
-    if any(isinstance(x, Tensor) and x.requires_grad for x in inputs):
-        raise RuntimeError(
-            "out: grouped_mm(..., out=...) does not support automatic differentiation, "
-            "but an input requires grad"
-        )
-    outs = out if isinstance(out, (list, tuple)) else (out,)
-    if any(isinstance(o, Tensor) and o.requires_grad for o in outs):
-        raise RuntimeError(
-            "out: grouped_mm(..., out=...) does not support automatic differentiation, "
-            "but out requires grad"
-        )
-
-
 def _grouped_mm_list(As: Sequence, Bs: Sequence, out_dtype, out):
     if not isinstance(Bs, (list, tuple)):
         raise TypeError(f"Bs: expected a list of 2-D tensors like As, found {type(Bs).__name__}")
@@ -170,21 +140,13 @@ def _grouped_mm_list(As: Sequence, Bs: Sequence, out_dtype, out):
         # or bad arguments that the extension reports by name
         return _numpy.listed(As, Bs, out_dtype, out)
     if out_dtype is not None:
-        _check_out_dtype(out_dtype)
+        check.out_dtype(out_dtype)  # traced: the ops' schema would refuse it in its words
     is_direct = direct(*As, *Bs)
     if is_direct:
         As = [_dense(f"As[{i}]", x) for i, x in enumerate(As)]
         Bs = [_dense(f"Bs[{i}]", x) for i, x in enumerate(Bs)]
     if out is not None:
-        if not isinstance(out, (list, tuple)):
-            raise TypeError(
-                f"out: expected a list of tensors (one per group) for the list form, "
-                f"found {type(out).__name__}"
-            )
-        if not all(isinstance(o, Tensor) for o in out):
-            bad = next(i for i, o in enumerate(out) if not isinstance(o, Tensor))
-            raise TypeError(f"out[{bad}]: expected a torch.Tensor, found {type(out[bad]).__name__}")
-        _check_out_grad(out, (*As, *Bs))
+        check.out_list(out, (*As, *Bs))  # before autograd records the call
         if is_direct and direct(*out):
             for i, o in enumerate(out):
                 _dense(f"out[{i}]", o, output=True)

@@ -68,6 +68,7 @@ def _register() -> "torch.library.Library":
     return lib
 
 
+_lib: Optional[torch.library.Library]
 try:
     _lib = _register()
 except (AttributeError, RuntimeError):  # pragma: no cover - torch without these hooks

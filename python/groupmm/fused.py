@@ -26,7 +26,9 @@ gathers ``x[src]`` once) and the SwiGLU inside the GEMM (an activation epilogue,
 would remove the ``[R, 2F]`` pre-activation round trip); they go behind these signatures.
 
 Determinism: no atomics anywhere; the gradient of ``x`` sums each token's ``k`` rows
-through ``inverse`` (:func:`groupmm.moe.sum_copies`).
+through ``inverse``. The glue formulas (:func:`~groupmm._glue.sum_copies`,
+:func:`~groupmm._glue.combine` and its backward, :func:`~groupmm._glue.swiglu_grad`) are
+``groupmm._glue``'s, shared with ``groupmm.moe`` and the transformers integration.
 """
 
 # NB: no ``from __future__ import annotations``: torch.library reads the annotations.
@@ -35,35 +37,16 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from . import _checks as check
 from . import _native, _rows
 from ._api import grouped_mm
-from .moe import _is_integer, combine, combine_backward, sum_copies
-from .nn import _check_tensor
+from ._glue import combine, combine_backward, sum_copies, swiglu_grad
 
-__all__ = ["expert_down", "expert_up", "swiglu_backward"]
+__all__ = ["expert_down", "expert_up", "swiglu_grad"]
 
-
-def _check(name: str, t, dims: int, what: str, integer: bool = False) -> None:
-    _check_tensor(name, t)
-    if t.dim() != dims:
-        raise ValueError(f"{name}: expected {what}, found shape {list(t.shape)}")
-    if integer and not _is_integer(t.dtype):
-        raise TypeError(f"{name}: expected an integer tensor, found {t.dtype}")
-
-
-def swiglu_backward(grad: Tensor, pre: Tensor) -> Tensor:
-    """Gradient of ``silu(gate) * up`` w.r.t. ``pre = [gate | up]`` (the last dimension's
-    halves): ``d gate = grad * up * s * (1 + gate * (1 - s))`` with ``s = sigmoid(gate)``,
-    ``d up = grad * silu(gate)``. One pass (``_rows.swiglu_backward``) for 2-D operands;
-    from differentiable ops while autograd records a graph through them (double
-    backward)."""
-    if grad.dim() == 2 and pre.dim() == 2 and not _rows.differentiable(grad, pre):
-        return _rows.swiglu_backward(grad, pre)
-    gate, up = pre.chunk(2, dim=-1)
-    s = torch.sigmoid(gate)
-    d_gate = grad * up * s * (1 + gate * (1 - s))
-    d_up = grad * gate * s
-    return torch.cat([d_gate, d_up], dim=-1)
+#: the former name of :func:`swiglu_grad` (the backward formula; ``_rows.swiglu_backward``
+#: is the row op it runs), kept so that old imports work
+swiglu_backward = swiglu_grad
 
 
 # --------------------------------------------------------------------------- expert_up
@@ -115,7 +98,7 @@ def _swiglu_act_setup(ctx, inputs, output):
 
 def _swiglu_act_grad(ctx, d_act):
     (pre,) = ctx.saved_tensors
-    return swiglu_backward(d_act, pre)
+    return swiglu_grad(d_act, pre)
 
 
 _swiglu_act.register_autograd(_swiglu_act_grad, setup_context=_swiglu_act_setup)
@@ -141,18 +124,18 @@ def expert_up(x: Tensor, w: Tensor, offs: Tensor, src: Tensor, inverse: Tensor) 
     ``fused=True`` calls this). Index values are not checked (that would need a host
     sync): out-of-range ids give wrong results or a device error.
     """
-    _check("x", x, 2, "shape [T, D]")
-    _check("w", w, 3, "shape [E, D, 2F]")
-    _check("offs", offs, 1, "a 1-D tensor of group ends", integer=True)
-    _check("src", src, 1, "shape [R]", integer=True)
-    _check("inverse", inverse, 2, "shape [T, k]", integer=True)
+    # before the ops: their fakes (torch.compile) check nothing, the indices are
+    # converted to int32 before the native call, and only the backward reads inverse
+    check.dims("x", x, 2, "[T, D]")
+    check.dims("w", w, 3, "[E, D, 2F]")
+    check.index("offs", offs, 1, "[E]")
+    check.index("src", src, 1, "[R]")
+    check.index("inverse", inverse, 2, "[T, k]")
     if w.shape[-1] % 2:
         raise ValueError(f"w: expected an even last dimension [gate | up], found {list(w.shape)}")
-    if inverse.shape[0] != x.shape[0] or inverse.numel() != src.shape[0]:
-        raise ValueError(
-            f"inverse: expected shape [T={x.shape[0]}, k] with T*k = R = {src.shape[0]} "
-            f"(the length of src), found {list(inverse.shape)}"
-        )
+    ok = inverse.shape[0] == x.shape[0] and inverse.numel() == src.shape[0]
+    what = "[T={}, k] with T*k = R = {} (the length of src)"
+    check.shape("inverse", inverse, ok, what, x.shape[0], src.shape[0])
     return _swiglu_act(_gather_mm(x, w, offs, src, inverse))
 
 
@@ -217,15 +200,13 @@ def expert_down(
     Returns:
         ``[T, D]`` in ``h``'s dtype, in token order.
     """
-    _check("h", h, 2, "shape [R, F]")
-    _check("w", w, 3, "shape [E, F, D]")
-    _check("offs", offs, 1, "a 1-D tensor of group ends", integer=True)
-    _check("inverse", inverse, 2, "shape [T, k]", integer=True)
+    # before the op: its fake (torch.compile) checks nothing, and inverse is converted
+    # to int32 before the row ops read it
+    check.dims("h", h, 2, "[R, F]")
+    check.dims("w", w, 3, "[E, F, D]")
+    check.index("offs", offs, 1, "[E]")
+    check.index("inverse", inverse, 2, "[T, k]")
     if weights is not None:
-        _check("weights", weights, 2, f"shape {list(inverse.shape)} (the shape of inverse)")
-        if weights.shape != inverse.shape:
-            raise ValueError(
-                f"weights: expected shape {list(inverse.shape)} (the shape of inverse), "
-                f"found {list(weights.shape)}"
-            )
+        check.tensor("weights", weights)
+        check.same_shape("weights", weights, "inverse", inverse)
     return _expert_down(h, w, offs, inverse, weights)[0]

@@ -13,21 +13,29 @@ The pipeline of one MoE feed-forward block::
 :class:`MoELayer` wraps exactly that.
 
 Nothing here synchronises with the host: token counts, offsets and the permutation are
-computed on the device with ``argsort`` (stable), ``searchsorted`` and ``cumsum``; shapes
-depend only on ``T``, ``top_k``, ``num_experts`` and ``pad_to``, never on the routing, so
-the layer runs under ``torch.compile(fullgraph=True)`` and inside CUDA graphs.
+computed on the device with a stable sort, ``searchsorted`` and ``cumsum``; shapes depend
+only on ``T``, ``top_k``, ``num_experts`` and ``pad_to``, never on the routing, so the
+layer runs under ``torch.compile(fullgraph=True)`` and inside CUDA graphs.
+
+The glue itself (routing, dispatch, combine, SwiGLU and their backwards) lives in
+``groupmm._glue``, shared with ``groupmm.fused`` and the transformers integration; this
+module holds the public functions and modules on top of it.
 """
 
 from __future__ import annotations
 
-import numbers
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import torch
 from torch import nn
 
-from . import _rows
-from .nn import GroupedExperts, _check_positive_int, _check_tensor
+from . import _checks as check
+from ._glue import Combine, dispatch, routes
+from ._glue import combine as combine  # the glue's former home: old imports keep working
+from ._glue import combine_backward as combine_backward
+from ._glue import sum_copies as sum_copies
+from .fused import expert_down, expert_up
+from .nn import GroupedExperts
 
 __all__ = [
     "MoELayer",
@@ -65,11 +73,6 @@ class Permuted(NamedTuple):
     """int64 ``[T, k]``: row of ``tokens`` that holds assignment ``(t, j)``."""
     counts: torch.Tensor
     """int64 ``[E]`` number of assignments per expert (before padding)."""
-
-
-def _is_integer(dtype: torch.dtype) -> bool:
-    """Index dtypes: integers, not bool."""
-    return not dtype.is_floating_point and not dtype.is_complex and dtype != torch.bool
 
 
 def load_balancing_loss(probs: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
@@ -121,26 +124,22 @@ class TopKRouter(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        self.d_model = _check_positive_int("d_model", d_model)
-        self.num_experts = _check_positive_int("num_experts", num_experts)
-        self.top_k = _check_positive_int("top_k", top_k)
+        # constructor arguments: nothing native sees them
+        self.d_model = check.positive_int("d_model", d_model)
+        self.num_experts = check.positive_int("num_experts", num_experts)
+        self.top_k = check.positive_int("top_k", top_k)
         if top_k > num_experts:
             raise ValueError(f"top_k: expected at most num_experts={num_experts}, found {top_k}")
-        if isinstance(aux_loss_coef, bool) or not isinstance(aux_loss_coef, numbers.Real):
-            raise TypeError(f"aux_loss_coef: expected a float >= 0, found {aux_loss_coef!r}")
-        if not aux_loss_coef >= 0:  # also refuses NaN
-            raise ValueError(f"aux_loss_coef: expected a float >= 0, found {aux_loss_coef}")
+        self.aux_loss_coef = check.non_negative_float("aux_loss_coef", aux_loss_coef)
         self.normalize = top_k > 1 if normalize is None else bool(normalize)
-        self.aux_loss_coef = float(aux_loss_coef)
         self.gate = nn.Linear(d_model, num_experts, bias=False, device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> RouterOutput:
         """Route ``x`` of shape ``[T, d_model]``."""
-        _check_tensor("x", x)
-        if x.dim() != 2 or x.shape[1] != self.d_model:
-            raise ValueError(
-                f"x: expected shape [T, d_model={self.d_model}], found {list(x.shape)}"
-            )
+        # the router's contract, in its names (nn.Linear's own error names no argument)
+        check.tensor("x", x)
+        d_model = self.d_model
+        check.shape("x", x, x.dim() == 2 and x.shape[1] == d_model, "[T, d_model={}]", d_model)
         logits = self.gate(x)
         compute_dtype = torch.promote_types(logits.dtype, torch.float32)
         probs = logits.to(compute_dtype).softmax(dim=-1)
@@ -171,10 +170,10 @@ def permute(
     Token ``t`` is copied once for each of its ``k`` experts. Copies are ordered by
     expert (stable, so within an expert by token, then by slot).
 
-    How (all on ``tokens``' device, fixed output shapes): ``argsort(stable=True)`` of the
-    flattened expert ids gives the order; ``searchsorted`` of the sorted ids against
-    ``arange(E)`` gives each expert's end row, i.e. ``offs``; no ``.item()``,
-    ``.tolist()``, ``nonzero`` or ``bincount``.
+    How (all on ``tokens``' device, fixed output shapes): a stable sort of the flattened
+    expert ids gives the order; ``searchsorted`` of the sorted ids against ``arange(E)``
+    gives each expert's end row, i.e. ``offs``; no ``.item()``, ``.tolist()``,
+    ``nonzero`` or ``bincount`` (``groupmm._glue.routes``).
 
     Args:
         tokens: ``[T, D]``.
@@ -191,171 +190,22 @@ def permute(
         :class:`Permuted` ``(tokens, offs, inverse, counts)``; pass ``inverse`` to
         :func:`unpermute`.
     """
-    _check_tensor("tokens", tokens)
-    _check_tensor("expert_ids", expert_ids)
-    if tokens.dim() != 2:
-        raise ValueError(f"tokens: expected shape [T, D], found {list(tokens.shape)}")
-    _check_positive_int("num_experts", num_experts)
+    # routing runs torch ops, no native call: these are its only checks
+    check.dims("tokens", tokens, 2, "[T, D]")
+    check.tensor("expert_ids", expert_ids)
+    check.positive_int("num_experts", num_experts)
     if pad_to is not None:
-        _check_positive_int("pad_to", pad_to)
+        check.positive_int("pad_to", pad_to)
     if expert_ids.dim() == 1:
         expert_ids = expert_ids.unsqueeze(1)
-    if expert_ids.dim() != 2 or expert_ids.shape[0] != tokens.shape[0]:
-        raise ValueError(
-            f"expert_ids: expected shape [T={tokens.shape[0]}, k] or [T], "
-            f"found {list(expert_ids.shape)}"
-        )
-    if not _is_integer(expert_ids.dtype):
-        raise TypeError(f"expert_ids: expected an integer dtype, found {expert_ids.dtype}")
-    if expert_ids.device != tokens.device:
-        raise RuntimeError(
-            f"expert_ids: expected a tensor on {tokens.device} (the device of tokens), "
-            f"found one on {expert_ids.device}"
-        )
-    r = _routes(expert_ids, num_experts, pad_to)
-    sorted_tokens = _Dispatch.apply(tokens, r.src, r.dest, r.inverse, r.capacity)
-    return Permuted(sorted_tokens, r.offs, r.inverse, r.counts)
-
-
-class _Routes(NamedTuple):
-    src: torch.Tensor  # int64 [T*k]: token of each sorted assignment
-    dest: torch.Tensor  # int64 [T*k]: its row (differs from arange only with padding)
-    inverse: torch.Tensor  # int64 [T, k]: row of assignment (t, j)
-    offs: torch.Tensor  # int32 [E]: group ends
-    counts: torch.Tensor  # int64 [E]: assignments per expert
-    capacity: int | None  # rows with padding, None without
-
-
-def _routes(expert_ids: torch.Tensor, num_experts: int, pad_to: int | None) -> _Routes:
-    """The index side of :func:`permute` (no token data moves): on the device, no sync."""
-    num_tokens, top_k = expert_ids.shape
-    device = expert_ids.device
-    flat = expert_ids.reshape(-1).long()
-    order = torch.argsort(flat, stable=True)  # sorted position -> assignment index
-    sorted_ids = flat[order]
-    experts = torch.arange(num_experts, device=device, dtype=torch.long)
-    ends = torch.searchsorted(sorted_ids, experts, right=True)  # int64 [E]
-    counts = torch.diff(ends, prepend=ends.new_zeros(1))
-    src = order // top_k  # row i = token of the i-th sorted assignment
-    n = flat.numel()
-    if pad_to is None or pad_to == 1:
-        dest = torch.arange(n, device=device)
-        offs = ends
-        capacity = None
-    else:
-        padded = (counts + pad_to - 1) // pad_to * pad_to
-        offs = torch.cumsum(padded, dim=0)
-        starts = ends - counts
-        padded_starts = offs - padded
-        # sorted position i of expert e lands at padded_starts[e] + (i - starts[e]).
-        dest = torch.arange(n, device=device) + (padded_starts - starts)[sorted_ids]
-        capacity = n + num_experts * (pad_to - 1)
-    inverse = torch.empty_like(dest).scatter(0, order, dest).view(num_tokens, top_k)
-    return _Routes(src, dest, inverse, offs.to(torch.int32), counts, capacity)
-
-
-def sum_copies(grad: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
-    """``out[t] = sum_j grad[inverse[t, j]]``: each token's ``k`` rows summed in fp32 or
-    wider (deterministic, no atomics, no ``[T*k, D]`` temporary). The backward of a row
-    gather by token: one pass (``_rows.gather_sum``), or, while autograd records a graph
-    through ``grad`` (double backward), ``k`` differentiable gathers."""
-    if not _rows.differentiable(grad):
-        return _rows.gather_sum(grad, inverse, None)
-    acc = torch.promote_types(grad.dtype, torch.float32)
-    out = grad.index_select(0, inverse[:, 0]).to(acc)
-    for j in range(1, inverse.shape[1]):
-        out = out + grad.index_select(0, inverse[:, j])
-    return out.to(grad.dtype)
-
-
-def combine(y: torch.Tensor, inverse: torch.Tensor, w: torch.Tensor | None) -> torch.Tensor:
-    """``out[t] = sum_j w[t, j] * y[inverse[t, j]]`` (a plain sum without ``w``), summed in
-    fp32: one pass (``_rows.gather_sum``), or, while autograd records a graph through
-    ``y`` or ``w``, a gather and a batched ``[1, k] x [k, D]`` product. Its backward is
-    :func:`combine_backward`."""
-    if not _rows.differentiable(y, w):
-        return _rows.gather_sum(y, inverse, w)
-    num_tokens, top_k = inverse.shape
-    rows = y.index_select(0, inverse.reshape(-1)).view(num_tokens, top_k, y.shape[1])
-    if w is None:
-        return rows.sum(dim=1)
-    return torch.bmm(w.to(y.dtype).unsqueeze(1), rows).squeeze(1)
-
-
-def combine_backward(grad, y, inverse, w, need_y: bool, need_w: bool):
-    """``(grad_y, grad_w)`` of :func:`combine`, each None unless asked for, deterministic:
-    ``grad_w[t, j] = <grad[t], y[inverse[t, j]]>`` and ``grad_y[inverse[t, j]] = w[t, j]
-    * grad[t]`` (rows no assignment names, i.e. padding, zero). One pass each
-    (``_rows.row_dots``, ``_rows.scatter_rows``); while autograd records a graph through
-    the inputs (double backward), differentiable ops with one ``[R, D]`` temporary at a
-    time: a gather and a batched product, then one gather of ``grad`` by each row's token
-    scaled in place by the row's weight."""
-    if not _rows.differentiable(grad, y, w):
-        dw = _rows.row_dots(grad, y, inverse, w.dtype) if w is not None and need_w else None
-        dy = _rows.scatter_rows(grad, inverse, w, y.shape[0]) if need_y else None
-        return dy, dw
-    num_tokens, top_k = inverse.shape
-    flat = inverse.reshape(-1)
-    dy = dw = None
-    if w is not None and need_w:
-        rows = y.index_select(0, flat).view(num_tokens, top_k, y.shape[1])
-        dw = torch.bmm(rows, grad.to(y.dtype).unsqueeze(2)).squeeze(2).to(w.dtype)
-        del rows
-    if need_y:
-        n, rows_y = flat.numel(), y.shape[0]
-        if n == 0:  # no tokens: only padding rows
-            return grad.new_zeros(y.shape), dw
-        # assignment of each row (the inverse permutation); padding rows: n, weight 0
-        ids = torch.arange(n, device=flat.device)
-        assign = flat.new_full((rows_y,), n).scatter_(0, flat, ids)
-        scale = None if w is None else w.reshape(-1).to(grad.dtype)
-        if rows_y != n:
-            base = grad.new_ones(n) if scale is None else scale
-            scale = torch.cat([base, base.new_zeros(1)]).index_select(0, assign)
-            assign = assign.clamp(max=n - 1)
-        elif scale is not None:
-            scale = scale.index_select(0, assign)
-        dy = grad.index_select(0, torch.div(assign, top_k, rounding_mode="floor"))
-        if scale is not None:
-            dy.mul_(scale.unsqueeze(1))  # in place: index_select keeps no output
-    return dy, dw
-
-
-class _Dispatch(torch.autograd.Function):
-    """``rows[dest[i]] = tokens[src[i]]``: token copies in expert order (zero rows where
-    padding leaves gaps). Backward: ``grad_tokens[t] = sum_j grad[inverse[t, j]]``, ``k``
-    gathers of ``[T, D]`` summed in float32 or wider, deterministic, instead of autograd's
-    ``index_put(accumulate=True)`` (which sorts the indices and adds atomically); no
-    ``[T*k, D]`` temporary."""
-
-    @staticmethod
-    def forward(ctx, tokens, src, dest, inverse, capacity):
-        ctx.save_for_backward(inverse)
-        rows = tokens.index_select(0, src)
-        if capacity is None:
-            return rows
-        return rows.new_zeros(capacity, tokens.shape[1]).index_copy_(0, dest, rows)
-
-    @staticmethod
-    def backward(ctx, grad):
-        (inverse,) = ctx.saved_tensors
-        return sum_copies(grad, inverse), None, None, None, None
-
-
-class _Combine(torch.autograd.Function):
-    """:func:`combine` with :func:`combine_backward` as its backward (no ``index_put``)."""
-
-    @staticmethod
-    def forward(ctx, y, inverse, w):
-        ctx.save_for_backward(y, inverse, w)
-        return combine(y, inverse, w)
-
-    @staticmethod
-    def backward(ctx, grad):
-        y, inverse, w = ctx.saved_tensors
-        need = ctx.needs_input_grad
-        dy, dw = combine_backward(grad, y, inverse, w, need[0], w is not None and need[2])
-        return dy, None, dw
+    num_tokens = tokens.shape[0]
+    ok = expert_ids.dim() == 2 and expert_ids.shape[0] == num_tokens
+    check.shape("expert_ids", expert_ids, ok, "[T={}, k] or [T]", num_tokens)
+    check.integer("expert_ids", expert_ids)
+    check.device("expert_ids", expert_ids, tokens.device, "tokens")
+    r = routes(expert_ids, num_experts, pad_to, counts=True)
+    counts = cast(torch.Tensor, r.counts)  # counts=True: never None
+    return Permuted(dispatch(tokens, r), r.offs, r.inverse, counts)
 
 
 def unpermute(
@@ -374,32 +224,21 @@ def unpermute(
         ``[T, D]``: ``sum_j gate_weights[t, j] * expert_out[inverse[t, j]]``, in
         ``expert_out``'s dtype.
     """
-    _check_tensor("expert_out", expert_out)
-    _check_tensor("inverse", inverse)
-    if expert_out.dim() != 2:
-        raise ValueError(f"expert_out: expected shape [R, D], found {list(expert_out.shape)}")
+    # before the row op: it reads inverse as int32 (converted first) and, under
+    # torch.compile, runs as a fake that checks nothing
+    check.dims("expert_out", expert_out, 2, "[R, D]")
+    check.tensor("inverse", inverse)
     if inverse.dim() == 1:
         inverse = inverse.unsqueeze(1)
-    if inverse.dim() != 2:
-        raise ValueError(f"inverse: expected shape [T, k] or [T], found {list(inverse.shape)}")
-    if not _is_integer(inverse.dtype):
-        raise TypeError(f"inverse: expected an integer dtype, found {inverse.dtype}")
-    if inverse.device != expert_out.device:
-        raise RuntimeError(
-            f"inverse: expected a tensor on {expert_out.device} (the device of expert_out), "
-            f"found one on {inverse.device}"
-        )
-    if gate_weights is None:
-        return _Combine.apply(expert_out, inverse, None)
-    _check_tensor("gate_weights", gate_weights)
-    if gate_weights.dim() == 1:
-        gate_weights = gate_weights.unsqueeze(1)
-    if gate_weights.shape != inverse.shape:
-        raise ValueError(
-            f"gate_weights: expected shape {list(inverse.shape)} (the shape of inverse), "
-            f"found {list(gate_weights.shape)}"
-        )
-    return _Combine.apply(expert_out, inverse, gate_weights)
+    check.shape("inverse", inverse, inverse.dim() == 2, "[T, k] or [T]")
+    check.integer("inverse", inverse)
+    check.device("inverse", inverse, expert_out.device, "expert_out")
+    if gate_weights is not None:
+        check.tensor("gate_weights", gate_weights)
+        if gate_weights.dim() == 1:
+            gate_weights = gate_weights.unsqueeze(1)
+        check.same_shape("gate_weights", gate_weights, "inverse", inverse)
+    return Combine.apply(expert_out, inverse, gate_weights)
 
 
 class MoELayer(nn.Module):
@@ -447,8 +286,9 @@ class MoELayer(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
+        # constructor arguments: nothing native sees them
         if pad_to is not None:
-            _check_positive_int("pad_to", pad_to)
+            check.positive_int("pad_to", pad_to)
         if fused is not None and not isinstance(fused, bool):
             raise TypeError(f"fused: expected a bool or None, found {fused!r}")
         fusable = activation == "swiglu" and not bias and pad_to in (None, 1)
@@ -491,9 +331,7 @@ class MoELayer(nn.Module):
         flat = x.reshape(-1, shape[-1])
         route = self.router(flat)
         if self.fused:
-            from .fused import expert_down, expert_up
-
-            r = _routes(route.expert_ids, self.num_experts, None)
+            r = routes(route.expert_ids, self.num_experts)
             ex = self.experts
             h = expert_up(flat, ex.w_in, r.offs, r.src, r.inverse)
             out = expert_down(h, ex.w_out, r.offs, r.inverse, route.weights).view(shape)
@@ -505,3 +343,8 @@ class MoELayer(nn.Module):
             return out, route.aux_loss
         self.aux_loss = route.aux_loss
         return out
+
+
+#: the routing's former name, still imported by benches/bench_moe.py and
+#: scripts/sanitize_cases.py (``_routes(ids, E, None)``: ``offs``, ``src``, ``inverse``)
+_routes = routes

@@ -14,30 +14,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import _checks as check
 from ._api import grouped_mm
+from ._glue import swiglu
 
 __all__ = ["ACTIVATIONS", "GroupedExperts"]
 
 #: Activations understood by :class:`GroupedExperts`.
 ACTIVATIONS = ("swiglu", "gelu", "relu")
-
-
-# Argument errors follow the core's rule (grouped_mm): the message starts with the
-# argument's name; ValueError for shapes and values, TypeError for types and dtypes,
-# RuntimeError for devices.
-
-
-def _check_positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name}: expected a positive int, found {value!r}")
-    if value <= 0:
-        raise ValueError(f"{name}: expected a positive int, found {value}")
-    return value
-
-
-def _check_tensor(name: str, value: object) -> None:
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, found {type(value).__name__}")
 
 
 class GroupedExperts(nn.Module):
@@ -88,9 +72,10 @@ class GroupedExperts(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        self.num_experts = _check_positive_int("num_experts", num_experts)
-        self.d_model = _check_positive_int("d_model", d_model)
-        self.d_ff = _check_positive_int("d_ff", d_ff)
+        # constructor arguments: nothing native sees them
+        self.num_experts = check.positive_int("num_experts", num_experts)
+        self.d_model = check.positive_int("d_model", d_model)
+        self.d_ff = check.positive_int("d_ff", d_ff)
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation: expected one of {ACTIVATIONS}, found {activation!r}")
         if not isinstance(bias, bool):
@@ -98,13 +83,13 @@ class GroupedExperts(nn.Module):
         if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
             raise TypeError(f"dtype: expected a floating torch.dtype or None, found {dtype!r}")
         self.activation = activation
-        factory = {"device": device, "dtype": dtype}
         n_in = 2 * d_ff if activation == "swiglu" else d_ff
-        self.w_in = nn.Parameter(torch.empty(num_experts, d_model, n_in, **factory))
-        self.w_out = nn.Parameter(torch.empty(num_experts, d_ff, d_model, **factory))
+        dev, dt = device, dtype
+        self.w_in = nn.Parameter(torch.empty(num_experts, d_model, n_in, device=dev, dtype=dt))
+        self.w_out = nn.Parameter(torch.empty(num_experts, d_ff, d_model, device=dev, dtype=dt))
         if bias:
-            self.b_in = nn.Parameter(torch.empty(num_experts, n_in, **factory))
-            self.b_out = nn.Parameter(torch.empty(num_experts, d_model, **factory))
+            self.b_in = nn.Parameter(torch.empty(num_experts, n_in, device=dev, dtype=dt))
+            self.b_out = nn.Parameter(torch.empty(num_experts, d_model, device=dev, dtype=dt))
         else:
             self.register_parameter("b_in", None)
             self.register_parameter("b_out", None)
@@ -142,34 +127,22 @@ class GroupedExperts(nn.Module):
             ``[T, d_model]``; rows past ``offs[-1]`` are zero (without bias, also any
             all-zero padding rows inside a group).
         """
-        _check_tensor("x", x)
-        _check_tensor("offs", offs)
-        if x.dim() != 2 or x.shape[1] != self.d_model:
-            raise ValueError(
-                f"x: expected shape [T, d_model={self.d_model}], found {list(x.shape)}"
-            )
-        if offs.dim() != 1 or offs.shape[0] != self.num_experts:
-            raise ValueError(
-                f"offs: expected shape [num_experts={self.num_experts}], found {list(offs.shape)}"
-            )
-        if offs.dtype != torch.int32:
-            raise TypeError(f"offs: expected dtype torch.int32, found {offs.dtype}")
-        if x.dtype != self.w_in.dtype:
-            raise TypeError(
-                f"x: expected dtype {self.w_in.dtype} (the dtype of the expert weights), "
-                f"found {x.dtype}"
-            )
-        if x.device != self.w_in.device:
-            raise RuntimeError(
-                f"x: expected a tensor on {self.w_in.device} (the device of the expert "
-                f"weights), found one on {x.device}"
-            )
+        # the module's contract in its own names (the native rule would name a and b),
+        # checked before the first product: under torch.compile its fake checks no dtype
+        check.tensor("x", x)
+        check.tensor("offs", offs)
+        d_model, num_experts = self.d_model, self.num_experts
+        check.shape("x", x, x.dim() == 2 and x.shape[1] == d_model, "[T, d_model={}]", d_model)
+        ok = offs.dim() == 1 and offs.shape[0] == num_experts
+        check.shape("offs", offs, ok, "[num_experts={}]", num_experts)
+        check.dtype("offs", offs, torch.int32)
+        check.dtype("x", x, self.w_in.dtype, "the expert weights")
+        check.device("x", x, self.w_in.device, "the expert weights")
         h = grouped_mm(x, self.w_in, offs=offs)
         if self.b_in is not None:
             h = self._add_bias(h, self.b_in, offs)
         if self.activation == "swiglu":
-            gate, up = h.chunk(2, dim=-1)
-            h = F.silu(gate) * up
+            h = swiglu(h)
         elif self.activation == "gelu":
             h = F.gelu(h)
         else:

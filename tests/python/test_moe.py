@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from groupmm._glue import routes
 from groupmm.moe import (
     MoELayer,
     TopKRouter,
@@ -270,6 +271,50 @@ def test_grouped_experts_double_backward() -> None:
         return torch.func.functional_call(ge, {"w_in": w_in, "w_out": w_out}, (x, offs))
 
     assert torch.autograd.gradgradcheck(f, (x, w_in, w_out))
+
+
+# ---------------------------------------------------------------- routing (groupmm._glue)
+
+
+# placeholders are the transformers integration's, which never pads
+@pytest.mark.parametrize(("placeholders", "pad_to"), [(False, None), (False, 4), (True, None)])
+def test_routes_against_a_loop(placeholders: bool, pad_to: int | None) -> None:
+    """The one routing of every MoE path, against a plain loop over the copies: groups in
+    expert order, by token then slot within a group, placeholders (ids outside [0, E))
+    after every group, padding rows at each group's end."""
+    gen = torch.Generator().manual_seed(9)
+    T, k, E = 13, 3, 5
+    ids = torch.randint(0, E, (T, k), generator=gen)
+    if placeholders:
+        ids[0, 1], ids[4, 0], ids[7, 2] = E, E + 3, -1
+    r = routes(ids, E, pad_to, counts=True, placeholders=placeholders)
+
+    copies = [(t, j) for t in range(T) for j in range(k)]
+    groups = [[c for c in copies if int(ids[c]) == e] for e in range(E)]
+    extra = [c for c in copies if not 0 <= int(ids[c]) < E]
+    m = pad_to or 1
+    rows, ends, row_of = 0, [], {}
+    for group in groups:
+        for i, c in enumerate(group):
+            row_of[c] = rows + i
+        rows += -(-len(group) // m) * m
+        ends.append(rows)
+    for i, c in enumerate(extra):
+        row_of[c] = rows + i
+    assert r.offs.dtype == torch.int32 and r.offs.tolist() == ends
+    assert r.counts is not None and r.counts.tolist() == [len(g) for g in groups]
+    assert r.inverse.tolist() == [[row_of[(t, j)] for j in range(k)] for t in range(T)]
+    assert r.capacity == (None if pad_to is None else T * k + E * (pad_to - 1))
+    order = [c for g in groups for c in g] + extra  # the sorted positions
+    assert r.src.tolist() == [t for t, _ in order]
+    assert r.order.tolist() == [t * k + j for t, j in order]
+    assert r.dest.tolist() == [row_of[c] for c in order]
+    if placeholders:
+        assert r.valid is not None
+        assert r.valid.tolist() == [0 <= int(ids[c]) < E for c in copies]
+    else:
+        assert r.valid is None
+    assert routes(ids.clamp(0, E - 1), E).counts is None  # only when asked (or padding)
 
 
 # ---------------------------------------------------------------- permute / unpermute

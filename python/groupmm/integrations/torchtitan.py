@@ -37,7 +37,7 @@ with torchtitan 0.3.0, bfloat16).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -90,7 +90,7 @@ def groupmm_experts_class(parent: type) -> type:
     }
     config = getattr(parent, "Config", None)
     if isinstance(config, type) and dataclasses.is_dataclass(config):
-        params = config.__dataclass_params__
+        params = cast(Any, config).__dataclass_params__
         kw_only = getattr(params, "kw_only", False)
         slots = "__slots__" in config.__dict__
         options = {"kw_only": kw_only, "slots": slots} if (kw_only or slots) else {}

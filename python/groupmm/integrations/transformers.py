@@ -27,19 +27,22 @@ is the module's own ``_apply_gate`` (gpt-oss's clamped SwiGLU on interleaved gat
 columns, or the default ``act_fn(gate) * up``), else ``is_concatenated`` says how gate
 and up are laid out; ``act_fn`` for experts without a gate.
 
-How one call runs (``S = T*k`` routed copies, ``E = module.num_experts``), and why:
+How one call runs (``S = T*k`` routed copies, ``E = module.num_experts``), and why.
+Routing, dispatch, combine and the default gate are groupmm's MoE glue
+(``groupmm._glue``), the same code as :class:`groupmm.moe.MoELayer`'s:
 
-1. **Route**, integer work on ``S`` elements only: the sort key of each copy is its
-   expert id, or ``E`` for an expert-parallel placeholder (an id ``>= E`` or ``< 0``;
-   transformers' expert parallelism marks off-rank copies with ids ``>= E``), so one
-   stable sort of int32 keys puts the copies in expert order with placeholders last.
-   ``offs`` (int32 group ends) come from ``searchsorted`` on the sorted keys, the source
-   token of each sorted row is ``perm // k``, the inverse permutation is one scatter.
-   All on the device: no ``.item()``, ``.tolist()``, ``nonzero`` or data-dependent
-   shape, hence no host synchronisation and a ``torch.compile(fullgraph=True)`` trace.
-2. **Dispatch**: one row gather ``x[src]`` (the only ``[S, H]`` copy of the input).
-   Its backward is a gather of the gradient rows back to token order and a sum over
-   the ``k`` copies (float32 accumulation for 16-bit types), not autograd's default
+1. **Route** (``_glue.routes(..., placeholders=True)``), integer work on ``S`` elements
+   only: the sort key of each copy is its expert id, or ``E`` for an expert-parallel
+   placeholder (an id ``>= E`` or ``< 0``; transformers' expert parallelism marks
+   off-rank copies with ids ``>= E``), so one stable sort of int32 keys puts the copies
+   in expert order with placeholders last. ``offs`` (int32 group ends) come from
+   ``searchsorted`` on the sorted keys, the source token of each sorted row (``src``) is
+   ``order // k``, the inverse permutation is one scatter. All on the device: no
+   ``.item()``, ``.tolist()``, ``nonzero`` or data-dependent shape, hence no host
+   synchronisation and a ``torch.compile(fullgraph=True)`` trace.
+2. **Dispatch** (``_glue.dispatch``): one row gather ``x[src]`` (the only ``[S, H]``
+   copy of the input). Its backward sums each token's ``k`` gradient rows in one pass
+   (float32 accumulation for 16-bit types), not autograd's default
    ``index_put(accumulate=True)``, which sorts and is the slowest glue kernel of a
    training step on GPU.
 3. **Up projection**: one ``groupmm.grouped_mm`` over all experts. The weight gradient
@@ -48,21 +51,24 @@ How one call runs (``S = T*k`` routed copies, ``E = module.num_experts``), and w
    when it is accumulated.
 4. **Gate**: per-row biases (gpt-oss) are added from the expert of each sorted row,
    and their gradient is one grouped product with a ones row (a per-expert column sum,
-   no atomics); then the module's own gate or activation.
+   no atomics); then the module's own gate (``_glue.swiglu`` with the module's
+   activation and gate/up layout, unless the module has its own ``_apply_gate``) or
+   activation.
 5. **Down projection**: as 3, then its bias and the optional post-expert norm.
-6. **Combine**: rows past ``offs[-1]`` (placeholders) are zero from ``grouped_mm`` and
-   their routing weights are masked to zero, so they contribute nothing and give the
-   router no gradient. One gather brings each token's ``k`` rows together and one
-   batched ``[1, k] x [k, H]`` product applies the routing weights and sums (float32
-   accumulation): no weighted ``[S, H]`` copy, no ``[S, H]`` reduction buffer. Its
-   backward gathers the output gradient once per routed row and scales it; the routing
-   weights' gradient is a row-wise dot product of that gather with the expert outputs.
+6. **Combine** (``_glue.Combine``): the routing weights of placeholders are masked to
+   zero, so they contribute nothing and give the router no gradient. One pass (the row
+   op ``gather_sum``) reads each token's ``k`` rows, applies the routing weights and
+   sums in float32: no ``[S, H]`` copy, no ``[S, H]`` reduction buffer. Its backward is
+   two one-pass row ops: the expert outputs' gradient written row by row, each row its
+   token's output gradient times its weight, and the routing weights' gradient as
+   row-wise dot products with the expert outputs.
 
-So a forward makes two ``[S, H]`` copies around the two grouped products (transformers'
-``"grouped_mm"`` path makes three and a reduction), and the backward has no
-``index_put`` and no weight-gradient layout copy. Everything is differentiable twice
-(backward formulas use differentiable ops only) and works in float64, where
-``torch.autograd.gradcheck`` passes through a whole experts block.
+So a forward makes one ``[S, H]`` copy (the dispatch) around the two grouped products
+(transformers' ``"grouped_mm"`` path makes three and a reduction), and the backward has
+no ``index_put`` and no weight-gradient layout copy. Everything is differentiable twice
+(the backward formulas switch to differentiable torch ops while a graph is recorded
+through them) and works in float64, where ``torch.autograd.gradcheck`` passes through a
+whole experts block.
 
 Measured on an H200 (torch 2.11, transformers 5.17, bf16, random weights,
 ``benches/bench_transformers.py``): forward+backward of the MoE block of a
@@ -73,10 +79,10 @@ layer. The grouped GEMMs
 themselves run at the speed of torch's. Of the glue choices, step 3 matters most: with
 the weight gradient returned contiguous ``[E, in, out]`` (what ``grouped_mm``'s backward
 did before it followed the operand's layout) the same block took 7.4 ms. Against the plain
-alternative, the dispatch backward of step 2 saves 0.1-0.8 ms per block, the batched
-combine of step 6 0.3-1.4 ms (multiply + gather + sum), and the routing weights'
-gradient as a multiply-sum 0.1-0.5 ms (a batched ``bmm`` dot product ran as a slow
-gemv: 252 against 136 us at T = 4096).
+alternative, the dispatch backward of step 2 saves 0.1-0.8 ms per block. These figures
+predate the shared combine of step 6 (this module had a gather + batched-product combine
+of its own, 0.3-1.4 ms faster than multiply + gather + sum); the one-pass row kernels
+that replaced it are what made ``MoELayer`` faster (``benches/NOTES-gpu.md``, run 9).
 
 :func:`_routed_experts` runs steps 2-6; it is where groupmm's fused MoE path (gathered
 inputs and SwiGLU / routing-weight epilogues, issue #13) plugs in once it exists.
@@ -84,13 +90,15 @@ inputs and SwiGLU / routing-weight epilogues, issue #13) plugs in once it exists
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Optional
+import functools
+from typing import Any, Callable, NamedTuple, Optional, cast
 
 import torch
 from torch import Tensor
 
+from .. import _checks as check
 from .. import grouped_mm
-from ..moe import _Dispatch
+from .._glue import Combine, Routes, dispatch, routes, swiglu
 from . import _expert_mm
 
 __all__ = ["NAME", "enable", "groupmm_experts_forward", "is_registered", "register"]
@@ -271,48 +279,21 @@ def _infer_transposed(w_in: Tensor, w_out: Tensor, hidden: int) -> bool:
     return False
 
 
-def _split_gate(act_fn, concatenated: bool):
-    def gate(h: Tensor) -> Tensor:
-        if concatenated:
-            g, u = h.chunk(2, dim=-1)
-        else:
-            g, u = h[..., ::2], h[..., 1::2]
-        return act_fn(g) * u
-
-    return gate
+def _split_gate(act_fn, concatenated: bool) -> Callable[[Tensor], Tensor]:
+    """``act_fn(gate) * up`` with the gate and up columns laid out as the module says."""
+    return functools.partial(swiglu, act=act_fn, interleaved=not concatenated)
 
 
 # --------------------------------------------------------------------------- routing
 
 
-class _Route(NamedTuple):
-    """Expert order of the ``S = T*k`` routed copies (all on the tokens' device)."""
-
-    offs: Tensor  # int32 [E]: end row of each expert's group; placeholders lie past offs[-1]
-    perm: Tensor  # int64 [S]: sorted row -> routed copy (t*k + j)
-    src: Tensor  # int64 [S]: sorted row -> token
-    inverse: Tensor  # int64 [T, k]: routed copy -> sorted row
-    expert: Tensor  # int32 [S]: expert of each sorted row (placeholders clamped to E-1)
-    weights: Tensor  # [T, k] routing weights, zero for placeholders
-
-
-def _route(top_k_index: Tensor, top_k_weights: Tensor, num_experts: int) -> _Route:
-    if top_k_index.dim() != 2:
-        raise ValueError(f"top_k_index: expected shape [T, k], found {tuple(top_k_index.shape)}")
-    if top_k_index.dtype.is_floating_point or top_k_index.dtype.is_complex:
-        raise TypeError(f"top_k_index: expected an integer tensor, found {top_k_index.dtype}")
+def _route(top_k_index: Tensor, top_k_weights: Tensor, num_experts: int) -> tuple[Routes, Tensor]:
+    """The expert order of the ``S = T*k`` routed copies, placeholders last (step 1), and
+    the routing weights as ``[T, k]``, zero for placeholders."""
+    # routing runs torch ops, no native call: these are its only checks
+    check.index("top_k_index", top_k_index, 2, "[T, k]")
     num_tokens, top_k = top_k_index.shape
-    device = top_k_index.device
-    ids = top_k_index.reshape(-1)
-    valid = (ids >= 0) & (ids < num_experts)
-    keys = torch.where(valid, ids, num_experts).to(torch.int32)
-    sorted_keys, perm = torch.sort(keys, stable=True)
-    bounds = torch.arange(num_experts, device=device, dtype=torch.int32)
-    offs = torch.searchsorted(sorted_keys, bounds, right=True, out_int32=True)
-    rows = perm.numel()
-    inverse = torch.empty_like(perm).scatter_(0, perm, torch.arange(rows, device=device))
-    expert = sorted_keys.clamp(max=num_experts - 1)
-
+    route = routes(top_k_index, num_experts, placeholders=True)
     if top_k_weights.shape == (num_tokens, top_k):
         weights = top_k_weights
     elif top_k_weights.shape == (num_tokens, num_experts):  # full distribution (early 5.x)
@@ -322,8 +303,8 @@ def _route(top_k_index: Tensor, top_k_weights: Tensor, num_experts: int) -> _Rou
             f"top_k_weights: expected shape [T, k] = {[num_tokens, top_k]} (or [T, E] = "
             f"{[num_tokens, num_experts]}), found {list(top_k_weights.shape)}"
         )
-    weights = weights.masked_fill(~valid.view(num_tokens, top_k), 0)
-    return _Route(offs, perm, perm // top_k, inverse.view(num_tokens, top_k), expert, weights)
+    valid = cast(Tensor, route.valid)  # placeholders=True: never None
+    return route, weights.masked_fill(~valid.view(num_tokens, top_k), 0)
 
 
 # --------------------------------------------------------------------------- autograd pieces
@@ -349,41 +330,6 @@ class _GroupBias(torch.autograd.Function):
         return grad, db, None, None
 
 
-class _Combine(torch.autograd.Function):
-    """``out[t, 0] = sum_j w[t, j] * y[inverse[t, j]]``: one gather and one batched
-    ``[1, k] x [k, H]`` product (float32 accumulation for 16-bit types).
-
-    The output is ``[T, 1, H]``, squeezed by the caller: a custom Function's output must
-    not be a view (callers such as early 5.x Qwen2-MoE add to it in place), and an
-    in-place ``squeeze_`` inside the forward gives wrong gradients under
-    ``torch.compile`` with torch 2.11 (seen on the GPU machine; fine with 2.13)."""
-
-    @staticmethod
-    def forward(ctx, y: Tensor, w: Tensor, inverse: Tensor, src: Tensor, perm: Tensor) -> Tensor:
-        ctx.save_for_backward(y, w, src, perm)
-        num_tokens, top_k = inverse.shape
-        rows = y.index_select(0, inverse.reshape(-1)).view(num_tokens, top_k, y.shape[-1])
-        return torch.bmm(w.to(y.dtype).unsqueeze(1), rows)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        y, w, src, perm = ctx.saved_tensors
-        grad = grad.squeeze(1)
-        need_y, need_w = ctx.needs_input_grad[:2]
-        dy = dw = None
-        if need_y or need_w:
-            g = grad.index_select(0, src)  # [S, H]: the output gradient of each row's token
-            if need_w:  # d w[t, j] = <y[inverse[t, j]], grad[t]>, computed in sorted order
-                acc = torch.promote_types(y.dtype, torch.float32)
-                dots = (g * y).sum(-1, dtype=acc)  # 2x faster than a batched gemv on GPU
-                dw = torch.empty_like(dots).scatter_(0, perm, dots)
-                dw = dw.view(w.shape).to(w.dtype)
-            if need_y:
-                w_sorted = w.reshape(-1).index_select(0, perm).to(g.dtype)
-                dy = g * w_sorted.unsqueeze(1)
-        return dy, dw, None, None, None
-
-
 # --------------------------------------------------------------------------- forward
 
 
@@ -404,7 +350,9 @@ def _linear(x: Tensor, w: Tensor, offs: Tensor, transposed: bool) -> Tensor:
     return _expert_mm(x.to(dtype), w if transposed else w.transpose(-2, -1), offs)
 
 
-def _routed_experts(module, layout: _Layout, hidden_states: Tensor, route: _Route) -> Tensor:
+def _routed_experts(
+    module, layout: _Layout, hidden_states: Tensor, route: Routes, weights: Tensor
+) -> Tensor:
     """Steps 2-6 of the module docstring: dispatch, both projections with biases and the
     gate, optional post-expert norm, weighted combine. Returns ``[T, H]``.
 
@@ -414,17 +362,21 @@ def _routed_experts(module, layout: _Layout, hidden_states: Tensor, route: _Rout
     it with ``hidden_states``, ``route.src``/``route.inverse``/``route.offs`` and the
     weights in their stored layout, and keep the code below for the rest.
     """
-    xs = _Dispatch.apply(hidden_states, route.src, None, route.inverse, None)
-    h = _linear(xs, layout.w_in, route.offs, layout.transposed)
+    offs = route.offs
+    xs = dispatch(hidden_states, route)
+    h = _linear(xs, layout.w_in, offs, layout.transposed)
+    expert = None
+    if layout.b_in is not None or layout.b_out is not None:
+        expert = route.keys.clamp(max=layout.num_experts - 1)  # placeholders: any expert
     if layout.b_in is not None:
-        h = _GroupBias.apply(h, layout.b_in.to(h.dtype), route.expert, route.offs)
+        h = _GroupBias.apply(h, layout.b_in.to(h.dtype), expert, offs)
     h = layout.gate(h)
-    y = _linear(h, layout.w_out, route.offs, layout.transposed)
+    y = _linear(h, layout.w_out, offs, layout.transposed)
     if layout.b_out is not None:
-        y = _GroupBias.apply(y, layout.b_out.to(y.dtype), route.expert, route.offs)
+        y = _GroupBias.apply(y, layout.b_out.to(y.dtype), expert, offs)
     if layout.post_norm is not None:
         y = layout.post_norm(y)
-    return _Combine.apply(y, route.weights, route.inverse, route.src, route.perm).squeeze(1)
+    return Combine.apply(y, route.inverse, weights)
 
 
 def groupmm_experts_forward(
@@ -446,16 +398,14 @@ def groupmm_experts_forward(
     Returns:
         ``[T, H]`` in ``hidden_states``' dtype.
     """
-    if hidden_states.dim() != 2:
-        raise ValueError(
-            f"hidden_states: expected shape [T, H], found {tuple(hidden_states.shape)}"
-        )
+    # routing runs torch ops, no native call: these are its only checks
+    check.dims("hidden_states", hidden_states, 2, "[T, H]")
     if top_k_index.shape[:1] != hidden_states.shape[:1]:
         raise ValueError(
             f"top_k_index: expected {hidden_states.shape[0]} rows (one per token of "
             f"hidden_states), found shape {tuple(top_k_index.shape)}"
         )
     layout = _layout(self, hidden_states.shape[-1])
-    route = _route(top_k_index, top_k_weights, layout.num_experts)
-    out = _routed_experts(self, layout, hidden_states, route)
+    route, weights = _route(top_k_index, top_k_weights, layout.num_experts)
+    out = _routed_experts(self, layout, hidden_states, route, weights)
     return out.to(hidden_states.dtype)
