@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Builds the stand-alone CUDA test harness (tests/cuda_harness/harness.cu) into devbin/
-# THROUGH the last cargo build: build.rs records its nvcc command line and the archive it
-# made (kernels + host code) in <target>/groupmm-cuda-build.env, and this script compiles
-# the harness with those flags and links that archive and the static CUDA runtime. No
-# Rust or Python at run time; run devbin/harness on a GPU machine.
+# THROUGH the last cargo build: the build script (build/link.rs) records its nvcc command
+# line and the archive it made (kernels + host code) in <target>/groupmm-cuda-build.env,
+# and this script compiles the harness with those flags and links that archive and the
+# static CUDA runtime. No Rust or Python at run time; run devbin/harness on a GPU machine.
 #
 #   cargo build --release            any cargo build with CUDA (archs: GROUPMM_CUDA_ARCHS)
 #   scripts/cuda-harness.sh          then this

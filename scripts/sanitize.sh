@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# compute-sanitizer over groupmm's CUDA case list (scripts/sanitize_cases.py): memcheck,
+# compute-sanitizer over groupmm's CUDA case list (tests/programs/sanitize_cases.py): memcheck,
 # racecheck, synccheck and initcheck, once per kernel path (groupmm's varlen kernels in the
 # heuristic's choice ("varlen") and in each forced configuration ("varlen-<config>" with
 # GROUPMM_SM90_VARLEN_CONFIG=<config>: pp128, co128, co192), the gathering varlen kernel
@@ -16,9 +16,9 @@
 #
 # initcheck runs with --check-api-memory-access no: the tool does not see bytes written by
 # TMA stores, so with host backtraces on it reports every later cudaMemcpy of such an
-# output (ours, cuBLAS's and F.grouped_mm's alike: scripts/initcheck_tma.py, cuda/NOTES.md).
+# output (ours, cuBLAS's and F.grouped_mm's alike: tests/programs/initcheck_tma.py, cuda/NOTES.md).
 # Kernel reads are still checked. Whether every output byte is written is checked by the
-# "unwritten" tool instead: scripts/poison_outputs.py, NaN-poisoned allocator blocks.
+# "unwritten" tool instead: tests/programs/poison_outputs.py, NaN-poisoned allocator blocks.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/sanitize}
@@ -37,7 +37,7 @@ for tool in $TOOLS; do
     else env=(GROUPMM_SM90_VARLEN=0 GROUPMM_SM90_CONFIG="$path"); fi
     log="$OUT/$tool-$path.log"
     if [ "$tool" = unwritten ]; then
-      env "${env[@]}" timeout "$LIMIT" python3 scripts/poison_outputs.py > "$log" 2>&1
+      env "${env[@]}" timeout "$LIMIT" python3 tests/programs/poison_outputs.py > "$log" 2>&1
       rc=$?
       n=$(grep -Eo '[0-9]+ with unwritten bytes' "$log" | grep -Eo '^[0-9]+')
       done_line="poison outputs:"
@@ -46,7 +46,7 @@ for tool in $TOOLS; do
       [ "$tool" = initcheck ] && extra=(--check-api-memory-access no)
       env "${env[@]}" SAN_TOOL="$tool" PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "$LIMIT" \
         compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 9 --print-limit 20 \
-        --show-backtrace yes python3 scripts/sanitize_cases.py > "$log" 2>&1
+        --show-backtrace yes python3 tests/programs/sanitize_cases.py > "$log" 2>&1
       rc=$?
       n=$(grep -Eo '(ERROR|RACECHECK) SUMMARY: [0-9]+' "$log" | grep -Eo '[0-9]+$' | tail -n 1)
       done_line="sanitize cases:"

@@ -1,4 +1,4 @@
-"""Soak on CPU through ``scripts/soak.py`` (a fresh process, so RSS means something):
+"""Soak on CPU through ``tests/programs/soak.py`` (a fresh process, so RSS means something):
 forward+backward calls on small MoE shapes, memory must reach a steady state.
 
 Measured on the 2-core CI machine (load ~3 from parallel builds): ~1800 calls/s, so
@@ -16,7 +16,7 @@ import pytest
 
 pytestmark = pytest.mark.slow  # every test here is a soak: `-m "not slow"` skips them
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "soak.py")
+SCRIPT = os.path.join(os.path.dirname(__file__), "..", "programs", "soak.py")
 
 
 def _soak(tmp_path, calls, *extra, device="cpu"):

@@ -3,7 +3,7 @@ measured on an H200 with compute-sanitizer 2025.3.1: no.) Each step prints a mar
 tool's reports land between the markers. Run and count per step:
 
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool initcheck --show-backtrace no \
-        --print-limit 1000000 python3 scripts/initcheck_tma.py > log 2>&1
+        --print-limit 1000000 python3 tests/programs/initcheck_tma.py > log 2>&1
     awk '/^@@ begin/{s=$0; n=0; next} /Uninitialized/{n++} /^@@ end/{print s, n}' log
 
 A copy of an output that a TMA store wrote is reported whole as a "cudaMemcpy source"

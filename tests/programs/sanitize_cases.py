@@ -5,7 +5,7 @@ offs (decreasing, negative, past the end) that must never read or write out of b
 the MoE glue's row kernels (every op and dtype, vectorised and scalar widths, padding rows,
 out-of-range indices), the gathered product, and a fused MoE layer's forward and backward.
 
-    compute-sanitizer --tool memcheck --error-exitcode 9 python3 scripts/sanitize_cases.py
+    compute-sanitizer --tool memcheck --error-exitcode 9 python3 tests/programs/sanitize_cases.py
 """
 
 import os

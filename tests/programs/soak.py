@@ -3,8 +3,8 @@
 memory (RSS, from /proc/self/statm) and CUDA memory (torch.cuda.memory_allocated) reach
 a steady state and stay there.
 
-    python scripts/soak.py --calls 100000 --device cpu
-    python scripts/soak.py --calls 1000000 --device cuda --json soak.json
+    python tests/programs/soak.py --calls 100000 --device cpu
+    python tests/programs/soak.py --calls 1000000 --device cuda --json soak.json
 
 Each call is one forward and one backward of a rotating workload: the packed forms
 ([T,K]x[G,K,N] with empty experts and a tail, [M,T]x[T,N], [G,M,K]x[K,N], batched), the

@@ -1,5 +1,5 @@
 """Does groupmm write every byte of its outputs? compute-sanitizer's initcheck cannot say:
-it does not see bytes written by TMA stores (scripts/initcheck_tma.py shows it flags copies
+it does not see bytes written by TMA stores (tests/programs/initcheck_tma.py shows it flags copies
 of cuBLAS's and F.grouped_mm's outputs the same way), and the Hopper kernels write through
 TMA. So this check poisons instead: before each call, blocks of every output's and
 gradient's size are filled with NaN and freed, so torch's caching allocator hands them back
@@ -7,7 +7,7 @@ to groupmm's outputs; inputs are finite, so any NaN left in an output is a byte 
 wrote. Every form, both 16-bit dtypes and fp32, forward and backward, the list form, groups
 around the 128-row tile. Exits 1 on any NaN.
 
-    python3 scripts/poison_outputs.py      # scripts/sanitize.sh runs it once per kernel path
+    python3 tests/programs/poison_outputs.py      # scripts/sanitize.sh runs it once per kernel path
 """
 
 import sys

@@ -3,7 +3,7 @@ small forward+backward calls (x [1000, 64], w [16, 64, 64], bf16). The issue saw
 process exit abnormally under racecheck during the loop; session 4 ran it to the end
 (0 hazards, exit 0, cuda/NOTES.md).
 
-    compute-sanitizer --tool racecheck python3 scripts/race_scenario.py
+    compute-sanitizer --tool racecheck python3 tests/programs/race_scenario.py
 """
 
 import random
