@@ -42,8 +42,8 @@
 
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
-use crate::exec::{self, Device, Memory, Offs, Output, Tensor};
-use crate::shape::Layout;
+use crate::exec::{self, Device, IntTensor, Output, Runtime, Tensor};
+use crate::layout::Layout;
 use ndarray::{
     Array, Array2, Array3, ArrayD, ArrayView, ArrayView1, ArrayView2, ArrayView3, ArrayViewMut,
     ArrayViewMut2, Dimension, Ix2, Ix3, IxDyn,
@@ -80,12 +80,13 @@ fn descs<T: Element>(v: &[ArrayView2<'_, T>]) -> Vec<Tensor> {
     v.iter().map(desc).collect()
 }
 
-fn offs_desc(offs: &Option<ArrayView1<'_, i32>>) -> Option<Offs> {
-    offs.as_ref().map(|o| Offs {
+fn offs_desc(offs: &Option<ArrayView1<'_, i32>>) -> Option<IntTensor> {
+    offs.as_ref().map(|o| IntTensor {
         ptr: o.as_ptr() as usize,
         layout: Layout::new(o.shape(), o.strides()),
         device: Device::Cpu,
         id: 0,
+        int32: true,
     })
 }
 
@@ -102,7 +103,7 @@ impl<TO: Element> Owned<TO> {
     }
 }
 
-impl<TO: Element> Memory for Owned<TO> {
+impl<TO: Element> Runtime for Owned<TO> {
     type Out = Fresh<TO>;
 
     fn alloc(

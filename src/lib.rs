@@ -10,7 +10,9 @@
 //! - The engine (`exec`, private) runs every call: validate, plan, dispatch to the CPU
 //!   kernels or the CUDA launchers (through one `cxx` bridge), compose the backward.
 //! - [`shape`] owns every rule about arguments and the wording of its error.
-//! - [`cpu`] runs the per-group GEMMs in parallel.
+//! - [`layout`] is the geometry every layer shares (shape and strides of an operand).
+//! - [`cpu`] holds the CPU kernels: the per-group GEMMs, run in parallel, and the row
+//!   ops of the MoE glue.
 //! - [`gradcheck`] checks analytic gradients against central finite differences.
 //!
 //! ARCHITECTURE.md at the repository root is the map.
@@ -23,6 +25,7 @@ pub mod dtype;
 pub mod error;
 pub(crate) mod exec;
 pub mod gradcheck;
+pub mod layout;
 pub mod shape;
 
 #[cfg(feature = "python")]
@@ -30,7 +33,8 @@ mod python;
 
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
-pub use shape::{Form, Layout};
+pub use layout::Layout;
+pub use shape::Form;
 
 /// Version of this crate.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

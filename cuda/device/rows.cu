@@ -106,7 +106,7 @@ __device__ inline Acc<T> weight(const W* w, int64_t i) {
 }
 
 template <class T, class W, int V>
-__global__ void gather_sum(const T* x, const int32_t* index, const W* w, T* out, int64_t tokens,
+__global__ void gather_sum(const T* x, const int32_t* inverse, const W* w, T* out, int64_t tokens,
                            int64_t top_k, int64_t rows, int64_t cols) {
   using A = Acc<T>;
   const int64_t cv = cols / V, n = tokens * cv;
@@ -116,7 +116,7 @@ __global__ void gather_sum(const T* x, const int32_t* index, const W* w, T* out,
 #pragma unroll
     for (int e = 0; e < V; ++e) acc[e] = A(0);
     for (int64_t j = 0; j < top_k; ++j) {
-      const int64_t r = index[t * top_k + j];
+      const int64_t r = inverse[t * top_k + j];
       if (r < 0 || r >= rows) continue;
       const A wj = weight<T>(w, t * top_k + j);
       const Pack<T, V> p = load<T, V>(x + r * cols + c);
@@ -130,10 +130,10 @@ __global__ void gather_sum(const T* x, const int32_t* index, const W* w, T* out,
   }
 }
 
-// assign[index[tj]] = tj + 1 (0 stays for rows no index names).
-__global__ void invert(const int32_t* index, int32_t* assign, int64_t n, int64_t rows) {
+// assign[inverse[tj]] = tj + 1 (0 stays for rows no index names).
+__global__ void invert(const int32_t* inverse, int32_t* assign, int64_t n, int64_t rows) {
   for (int64_t i = first(); i < n; i += step()) {
-    const int64_t r = index[i];
+    const int64_t r = inverse[i];
     if (r >= 0 && r < rows) assign[r] = int32_t(i + 1);
   }
 }
@@ -164,13 +164,13 @@ __global__ void scatter_rows(const T* x, const int32_t* assign, const W* w, T* o
 
 // One warp per (token, j): lanes stride over the columns, then a fixed xor tree.
 template <class T, class W, int V>
-__global__ void row_dots(const T* x, const T* y, const int32_t* index, W* out, int64_t tokens,
+__global__ void row_dots(const T* x, const T* y, const int32_t* inverse, W* out, int64_t tokens,
                          int64_t top_k, int64_t rows, int64_t cols) {
   using A = Acc<T>;
   const int lane = threadIdx.x % 32;
   const int64_t n = tokens * top_k;
   for (int64_t wi = first() / 32; wi < n; wi += step() / 32) {
-    const int64_t r = index[wi];
+    const int64_t r = inverse[wi];
     A s = A(0);
     if (r >= 0 && r < rows) {
       const T* xr = x + (wi / top_k) * cols;
@@ -204,27 +204,27 @@ void launch_typed(const RowsArgs& a) {
   const W* w = static_cast<const W*>(a.weights);
   const int64_t cv = a.cols / V;
   switch (a.op) {
-    case RowsOpC::Swiglu:
+    case RowsOp::Swiglu:
       swiglu<T, V><<<blocks_for(a.rows * cv, a.sm_count), kThreads, 0, a.stream>>>(
           x, static_cast<T*>(a.out), a.rows, a.cols);
       break;
-    case RowsOpC::SwigluBackward:
+    case RowsOp::SwigluBackward:
       swiglu_backward<T, V><<<blocks_for(a.rows * cv, a.sm_count), kThreads, 0, a.stream>>>(
           x, y, static_cast<T*>(a.out), a.rows, a.cols);
       break;
-    case RowsOpC::GatherSum:
+    case RowsOp::GatherSum:
       gather_sum<T, W, V><<<blocks_for(a.tokens * cv, a.sm_count), kThreads, 0, a.stream>>>(
-          x, a.index, w, static_cast<T*>(a.out), a.tokens, a.top_k, a.rows, a.cols);
+          x, a.inverse, w, static_cast<T*>(a.out), a.tokens, a.top_k, a.rows, a.cols);
       break;
-    case RowsOpC::ScatterRows:
+    case RowsOp::ScatterRows:
       invert<<<blocks_for(a.tokens * a.top_k, a.sm_count), kThreads, 0, a.stream>>>(
-          a.index, a.scratch, a.tokens * a.top_k, a.rows);
+          a.inverse, a.scratch, a.tokens * a.top_k, a.rows);
       scatter_rows<T, W, V><<<blocks_for(a.rows * cv, a.sm_count), kThreads, 0, a.stream>>>(
           x, a.scratch, w, static_cast<T*>(a.out), a.top_k, a.rows, a.cols);
       break;
-    case RowsOpC::RowDots:
+    case RowsOp::RowDots:
       row_dots<T, W, V><<<blocks_for(a.tokens * a.top_k * 32, a.sm_count), kThreads, 0, a.stream>>>(
-          x, y, a.index, static_cast<W*>(a.out), a.tokens, a.top_k, a.rows, a.cols);
+          x, y, a.inverse, static_cast<W*>(a.out), a.tokens, a.top_k, a.rows, a.cols);
       break;
   }
 }
@@ -256,15 +256,15 @@ std::string launch_rows(const RowsArgs& a) {
   // Nothing to write (RowDots writes its zeros even when cols == 0; ScatterRows writes
   // all R rows, zeros when no token names them).
   switch (a.op) {
-    case RowsOpC::Swiglu:
-    case RowsOpC::SwigluBackward:
-    case RowsOpC::ScatterRows:
+    case RowsOp::Swiglu:
+    case RowsOp::SwigluBackward:
+    case RowsOp::ScatterRows:
       if (a.rows == 0 || a.cols == 0) return "";
       break;
-    case RowsOpC::GatherSum:
+    case RowsOp::GatherSum:
       if (a.tokens == 0 || a.cols == 0) return "";
       break;
-    case RowsOpC::RowDots:
+    case RowsOp::RowDots:
       if (a.tokens == 0 || a.top_k == 0) return "";
       break;
   }

@@ -14,7 +14,7 @@ namespace gmm {
 void launch_rows(const RowsRequest& r) {
   const DevInfo d = enter(r.device);
   RowsArgs a;
-  a.op = static_cast<RowsOpC>(static_cast<uint8_t>(r.op));
+  a.op = r.op;
   a.dtype = r.dtype;
   a.w_dtype = r.w_dtype;
   a.tokens = r.tokens;
@@ -23,7 +23,7 @@ void launch_rows(const RowsRequest& r) {
   a.cols = r.cols;
   a.x = reinterpret_cast<const void*>(r.x);
   a.y = reinterpret_cast<const void*>(r.y);
-  a.index = reinterpret_cast<const int32_t*>(r.index);
+  a.inverse = reinterpret_cast<const int32_t*>(r.inverse);
   a.weights = reinterpret_cast<const void*>(r.weights);
   a.out = reinterpret_cast<void*>(r.out);
   a.scratch = reinterpret_cast<int32_t*>(r.scratch);

@@ -6,7 +6,7 @@ types), RuntimeError (devices, CUDA). Checked against the built module by
 ``python3 -m mypy.stubtest groupmm._native`` in scripts/test.sh.
 """
 
-from typing import Any, List, Optional, Sequence, Tuple, TypedDict, Union, overload
+from typing import Any, List, Optional, Sequence, Tuple, TypedDict, TypeVar, Union, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -16,18 +16,24 @@ __all__ = [
     "__version__",
     "build_info",
     "gather_mm",
+    "gather_sum",
     "grouped_mm",
     "grouped_mm_backward",
     "grouped_mm_list",
     "grouped_mm_list_backward",
     "list_out_shapes",
-    "moe_rows",
     "packed_out_shape",
+    "row_dots",
+    "scatter_rows",
+    "swiglu",
+    "swiglu_backward",
     "take_offs_error",
 ]
 __version__: str
 
 _Array = npt.NDArray[Any]
+#: the row ops take torch tensors or numpy arrays (not mixed) and return the same kind
+_Rows = TypeVar("_Rows", torch.Tensor, npt.NDArray[Any])
 #: numpy's out_dtype: float32 from float16 inputs, or the input dtype
 _NumpyDType = Union[np.dtype[Any], type, str]
 
@@ -134,19 +140,36 @@ def gather_mm(
     x: Any,
     w: Any,
     offs: Any,
-    index: Any,
+    src: Any,
     out_dtype: Any | None = None,
 ) -> Any:
-    """``out[r] = x[index[r]] @ w[g]`` for the rows ``r`` of group ``g`` (int32 ``index``
-    and ``offs``); rows whose index is out of range are zero rows of the product's A."""
+    """``out[r] = x[src[r]] @ w[g]`` for the rows ``r`` of group ``g`` (``src``: the token
+    of each routed row, any integer dtype; int32 ``offs``); rows whose ``src`` is out of
+    range are zero rows of the product's A."""
 
-def moe_rows(
-    op: str,
-    out: Any,
-    x: Any,
-    y: Any | None = None,
-    index: Any | None = None,
-    weights: Any | None = None,
-) -> None: ...
+# The row ops of the MoE glue (src/shape/rows.rs): ``inverse [T, k]`` is the row of each
+# token's ``j``-th choice, any integer dtype; operands of any layout (copied contiguous
+# once); a fresh result.
+
+def swiglu(pre: _Rows) -> _Rows:
+    """``silu(gate) * up`` of ``pre = [gate | up]`` (``[R, 2F]`` → ``[R, F]``)."""
+
+def swiglu_backward(grad: _Rows, pre: _Rows) -> _Rows:
+    """``[d gate | d up]`` (``[R, 2F]``) of :func:`swiglu` from ``grad [R, F]``."""
+
+def gather_sum(y: _Rows, inverse: _Rows, weights: Optional[_Rows] = None) -> _Rows:
+    """``out[t] = sum_j weights[t, j] * y[inverse[t, j]]`` (``[T, D]``; weight 1 without
+    ``weights``, which has ``y``'s dtype or float32)."""
+
+def scatter_rows(grad: _Rows, inverse: _Rows, weights: Optional[_Rows], rows: int) -> _Rows:
+    """``out[inverse[t, j]] = weights[t, j] * grad[t]`` into ``[rows, D]``, every row
+    written once (zeros for rows no index names)."""
+
+def row_dots(
+    grad: _Rows, y: _Rows, inverse: _Rows, out_dtype: Optional[Any] = None
+) -> _Rows:
+    """``out[t, j] = <grad[t], y[inverse[t, j]]>`` (``[T, k]``) as ``out_dtype``:
+    ``grad``'s dtype (None) or float32."""
+
 def take_offs_error(device: int) -> bool:
     """Reads and clears the flag CUDA kernels raise on invalid ``offs`` (no sync)."""

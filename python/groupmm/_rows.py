@@ -1,8 +1,10 @@
 """The MoE glue's row ops: one pass each over the rows around the grouped GEMMs of a
-routed SwiGLU expert block, in Rust on the CPU and as CUDA kernels on the GPU
-(``_native.moe_rows``; what each computes: ``src/exec/rows.rs``), deterministic (fixed
-summation order, no atomics), fp32 arithmetic (fp64 for float64) and one rounding per
-output element.
+routed SwiGLU expert block, in Rust on the CPU and as CUDA kernels on the GPU (one
+``_native`` function per op; what each computes and its argument rules:
+``src/shape/rows.rs``), deterministic (fixed summation order, no atomics), fp32
+arithmetic (fp64 for float64) and one rounding per output element. The extension
+normalises the operands (strided rows copied, integer indices converted to int32, once)
+and allocates the result.
 
 They are ``torch.library`` custom ops (``torch.ops.groupmm.swiglu`` ...) with fake
 kernels, so ``torch.compile`` traces them, and WITHOUT autograd formulas: they are the
@@ -31,8 +33,6 @@ __all__ = [
     "swiglu_backward",
 ]
 
-_rows = _native.moe_rows
-
 
 def differentiable(*tensors) -> bool:
     """True when autograd records a graph through ``tensors`` (grad mode on and one of
@@ -43,19 +43,21 @@ def differentiable(*tensors) -> bool:
     )
 
 
-def _index(inverse: Tensor) -> Tensor:
-    if inverse.dtype == torch.int32 and inverse.is_contiguous():
-        return inverse
-    return inverse.to(torch.int32).contiguous()
+def _index(index: Tensor) -> Tensor:
+    """int32 and contiguous. The ``_native`` functions take any integer index and convert
+    it themselves; kept for callers that still convert first (``fused``)."""
+    if index.dtype == torch.int32 and index.is_contiguous():
+        return index
+    return index.to(torch.int32).contiguous()
 
 
 def _weights(w: Optional[Tensor], rows: Tensor) -> Optional[Tensor]:
-    """Router weights as the kernels read them: contiguous, the rows' dtype or float32."""
-    if w is None:
-        return None
-    if w.dtype not in (rows.dtype, torch.float32):
-        w = w.float()
-    return w.contiguous()
+    """Router weights in a dtype the kernels read: the rows' dtype or float32. This
+    promotion is the ops' contract, decided here before the native call (the extension
+    checks it and rejects other dtypes)."""
+    if w is None or w.dtype in (rows.dtype, torch.float32):
+        return w
+    return w.float()
 
 
 def _op(name: str, impl, fake):
@@ -74,9 +76,7 @@ def _op(name: str, impl, fake):
 
 def _swiglu(pre: Tensor) -> Tensor:
     """``silu(gate) * up`` of ``pre = [gate | up]`` (``[R, 2F]`` → ``[R, F]``)."""
-    out = pre.new_empty(pre.shape[0], pre.shape[1] // 2)
-    _rows("swiglu", out, pre.contiguous())
-    return out
+    return _native.swiglu(pre)
 
 
 def _swiglu_fake(pre):
@@ -85,9 +85,7 @@ def _swiglu_fake(pre):
 
 def _swiglu_backward(grad: Tensor, pre: Tensor) -> Tensor:
     """``[d gate | d up]`` of :func:`swiglu` from its output gradient ``grad [R, F]``."""
-    out = torch.empty_like(pre, memory_format=torch.contiguous_format)
-    _rows("swiglu_backward", out, grad.contiguous(), pre.contiguous())
-    return out
+    return _native.swiglu_backward(grad, pre)
 
 
 def _swiglu_backward_fake(grad, pre):
@@ -97,9 +95,7 @@ def _swiglu_backward_fake(grad, pre):
 def _gather_sum(y: Tensor, inverse: Tensor, weights: Optional[Tensor] = None) -> Tensor:
     """``out[t] = sum_j weights[t, j] * y[inverse[t, j]]`` (a plain sum when ``weights``
     is None): each token's ``k`` rows, summed in the order of ``j``."""
-    out = y.new_empty(inverse.shape[0], y.shape[1])
-    _rows("gather_sum", out, y.contiguous(), None, _index(inverse), _weights(weights, y))
-    return out
+    return _native.gather_sum(y, inverse, _weights(weights, y))
 
 
 def _gather_sum_fake(y, inverse, weights=None):
@@ -109,9 +105,7 @@ def _gather_sum_fake(y, inverse, weights=None):
 def _scatter_rows(grad: Tensor, inverse: Tensor, weights: Optional[Tensor], rows: int) -> Tensor:
     """``out[inverse[t, j]] = weights[t, j] * grad[t]`` into ``[rows, D]``, written row by
     row; rows that no index names (padding) are zero."""
-    out = grad.new_empty(rows, grad.shape[1])
-    _rows("scatter_rows", out, grad.contiguous(), None, _index(inverse), _weights(weights, grad))
-    return out
+    return _native.scatter_rows(grad, inverse, _weights(weights, grad), rows)
 
 
 def _scatter_rows_fake(grad, inverse, weights, rows):
@@ -120,11 +114,9 @@ def _scatter_rows_fake(grad, inverse, weights, rows):
 
 def _row_dots(grad: Tensor, y: Tensor, inverse: Tensor, dtype: torch.dtype) -> Tensor:
     """``out[t, j] = <grad[t], y[inverse[t, j]]>`` as ``dtype`` (``grad``'s dtype or
-    float32)."""
+    float32; other dtypes are computed in float32 and cast here)."""
     kernel_dtype = dtype if dtype in (grad.dtype, torch.float32) else torch.float32
-    out = grad.new_empty(inverse.shape, dtype=kernel_dtype)
-    _rows("row_dots", out, grad.contiguous(), y.contiguous(), _index(inverse))
-    return out.to(dtype)
+    return _native.row_dots(grad, y, inverse, kernel_dtype).to(dtype)
 
 
 def _row_dots_fake(grad, y, inverse, dtype):

@@ -14,10 +14,11 @@
 #![cfg_attr(not(feature = "python"), allow(dead_code))]
 
 use super::ffi;
-use super::{Device, Memory, Offs, Tensor};
+use super::{Device, IntTensor, Runtime, Tensor};
+use crate::cpu::rows::RowPtrs;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::shape::{Form, PackedPlan};
+use crate::shape::{Form, PackedDims, RowsDims, RowsOp};
 
 /// True when this build holds the CUDA kernels.
 pub fn compiled() -> bool {
@@ -83,30 +84,12 @@ pub fn take_offs_error(device: i32) -> Result<bool> {
     }
 }
 
-/// Enqueues one validated row op of the MoE glue (`super::rows`).
-///
-/// # Safety
-/// The request's addresses are live device memory of its device, in use on its stream.
-pub(super) unsafe fn launch_rows(r: &ffi::RowsRequest) -> Result<()> {
-    check_compiled()?;
-    #[cfg(groupmm_cuda)]
-    {
-        // SAFETY: forwarded contract.
-        unsafe { ffi::launch_rows(r) }.map_err(seam)
-    }
-    #[cfg(not(groupmm_cuda))]
-    {
-        let _ = r;
-        unreachable!("checked above")
-    }
-}
-
 #[cfg(groupmm_cuda)]
 fn seam(e: cxx::Exception) -> Error {
     Error::Cuda(e.what().to_string())
 }
 
-pub(super) fn ffi_dtype(d: DType) -> ffi::DType {
+fn ffi_dtype(d: DType) -> ffi::DType {
     match d {
         DType::F16 => ffi::DType::F16,
         DType::BF16 => ffi::DType::BF16,
@@ -121,6 +104,16 @@ fn ffi_form(f: Form) -> ffi::Form {
         Form::GroupedK => ffi::Form::GroupedK,
         Form::GroupedN => ffi::Form::GroupedN,
         Form::Batched => ffi::Form::Batched,
+    }
+}
+
+fn ffi_rows_op(op: RowsOp) -> ffi::RowsOp {
+    match op {
+        RowsOp::Swiglu => ffi::RowsOp::Swiglu,
+        RowsOp::SwigluBackward => ffi::RowsOp::SwigluBackward,
+        RowsOp::GatherSum => ffi::RowsOp::GatherSum,
+        RowsOp::ScatterRows => ffi::RowsOp::ScatterRows,
+        RowsOp::RowDots => ffi::RowsOp::RowDots,
     }
 }
 
@@ -174,11 +167,11 @@ pub(super) fn operand(t: &Tensor) -> Option<ffi::Operand> {
 }
 
 /// `t`, or a contiguous copy of it (made by the face) when no kernel can read it.
-pub(super) fn readable<M: Memory>(mem: &mut M, t: &Tensor) -> Result<Tensor> {
+pub(super) fn readable<R: Runtime>(rt: &mut R, t: &Tensor) -> Result<Tensor> {
     if operand(t).is_some() {
         return Ok(t.clone());
     }
-    let (ptr, layout) = mem.contiguous(t.id)?;
+    let (ptr, layout) = rt.contiguous(t.id)?;
     let copy = Tensor {
         ptr,
         layout,
@@ -186,19 +179,19 @@ pub(super) fn readable<M: Memory>(mem: &mut M, t: &Tensor) -> Result<Tensor> {
         ..t.clone()
     };
     Ok(if t.transposed {
-        crate::shape::Transposable::transposed(&copy)
+        crate::layout::Transposable::transposed(&copy)
     } else {
         copy
     })
 }
 
-/// `offs`, or a contiguous copy when its stride is not 1.
-pub(super) fn readable_offs<M: Memory>(mem: &mut M, o: &Offs) -> Result<Offs> {
+/// `offs` (int32), or a contiguous copy when its stride is not 1.
+pub(super) fn readable_offs<R: Runtime>(rt: &mut R, o: &IntTensor) -> Result<IntTensor> {
     if o.layout.shape.first().map_or(true, |&n| n <= 1) || o.layout.strides[0] == 1 {
         return Ok(o.clone());
     }
-    let (ptr, layout) = mem.contiguous(o.id)?;
-    Ok(Offs {
+    let (ptr, layout) = rt.contiguous(o.id)?;
+    Ok(IntTensor {
         ptr,
         layout,
         ..o.clone()
@@ -223,9 +216,9 @@ fn kernel_operand(t: &Tensor) -> Result<ffi::Operand> {
 }
 
 /// The stream and TF32 flag of a launch on `device` with inputs of `dtype`.
-fn stream_and_tf32<M: Memory>(mem: &mut M, device: i32, dtype: DType) -> Result<(u64, bool)> {
-    let stream = mem.stream(device)?;
-    let tf32 = dtype == DType::F32 && mem.allow_tf32()?;
+fn stream_and_tf32<R: Runtime>(rt: &mut R, device: i32, dtype: DType) -> Result<(u64, bool)> {
+    let stream = rt.stream(device)?;
+    let tf32 = dtype == DType::F32 && rt.allow_tf32()?;
     Ok((stream, tf32))
 }
 
@@ -233,11 +226,11 @@ fn stream_and_tf32<M: Memory>(mem: &mut M, device: i32, dtype: DType) -> Result<
 /// target `c` is contiguous row-major; `src` (contiguous int32, the routed-row index)
 /// gathers A's rows (the request's fusion).
 fn packed_request(
-    plan: &PackedPlan,
+    plan: &PackedDims,
     a: &Tensor,
     b: &Tensor,
-    offs: Option<&Offs>,
-    src: Option<&Offs>,
+    offs: Option<&IntTensor>,
+    src: Option<&IntTensor>,
     c: &Tensor,
     (stream, allow_tf32): (u64, bool),
 ) -> Result<ffi::PackedRequest> {
@@ -269,22 +262,22 @@ fn packed_request(
 ///
 /// # Safety
 /// The descriptions are of live memory on the device for the whole call.
-pub(super) unsafe fn packed<M: Memory>(
-    mem: &mut M,
-    plan: &PackedPlan,
+pub(super) unsafe fn packed<R: Runtime>(
+    rt: &mut R,
+    plan: &PackedDims,
     a: &Tensor,
     b: &Tensor,
-    offs: Option<&Offs>,
-    src: Option<&Offs>,
+    offs: Option<&IntTensor>,
+    src: Option<&IntTensor>,
     c: &Tensor,
 ) -> Result<bool> {
     check_compiled()?;
     let device = device_index(a);
-    let st = stream_and_tf32(mem, device, a.dtype)?;
+    let st = stream_and_tf32(rt, device, a.dtype)?;
     let req = packed_request(plan, a, b, offs, src, c, st)?;
     #[cfg(groupmm_cuda)]
     {
-        let (ws, ws_bytes) = mem.cached_workspace(device, st.0);
+        let (ws, ws_bytes) = rt.cached_workspace(device, st.0);
         // SAFETY: the operands are live device memory (contract), `ws` holds `ws_bytes`
         // bytes kept alive by the face for the call.
         let r = unsafe { ffi::submit_packed(&req, ws, ws_bytes) }.map_err(seam)?;
@@ -296,7 +289,7 @@ pub(super) unsafe fn packed<M: Memory>(
             }
             _ => {
                 let bytes = r.workspace_bytes;
-                let ws = mem.workspace(device, st.0, bytes, r.capturing)?;
+                let ws = rt.workspace(device, st.0, bytes, r.capturing)?;
                 let plan = r
                     .plan
                     .as_ref()
@@ -319,8 +312,8 @@ pub(super) unsafe fn packed<M: Memory>(
 ///
 /// # Safety
 /// As [`packed`].
-pub(super) unsafe fn list<M: Memory>(
-    mem: &mut M,
+pub(super) unsafe fn list<R: Runtime>(
+    rt: &mut R,
     a: &[Tensor],
     b: &[Tensor],
     c: &[&Tensor],
@@ -330,7 +323,7 @@ pub(super) unsafe fn list<M: Memory>(
         return Ok(());
     };
     let device = device_index(first);
-    let (stream, allow_tf32) = stream_and_tf32(mem, device, first.dtype)?;
+    let (stream, allow_tf32) = stream_and_tf32(rt, device, first.dtype)?;
     let req = ffi::ListRequest {
         dtype: ffi_dtype(first.dtype),
         out_dtype: ffi_dtype(c[0].dtype),
@@ -360,12 +353,12 @@ pub(super) unsafe fn list<M: Memory>(
             .plan
             .as_ref()
             .ok_or_else(|| Error::Cuda("internal: no list plan".into()))?;
-        let args = mem.upload(device, p.args_bytes.max(1), &mut |host| {
+        let args = rt.upload(device, p.args_bytes.max(1), &mut |host| {
             ffi::write_list_args(plan, &mut host[..p.args_bytes]).map_err(seam)
         })?;
         let ws = match p.workspace_bytes {
             0 => 0,
-            n => mem.device_bytes(device, n)?,
+            n => rt.device_bytes(device, n)?,
         };
         // SAFETY: the operands are live device memory (contract); the argument block
         // and the workspace are device memory the face keeps alive for the call.
@@ -378,11 +371,74 @@ pub(super) unsafe fn list<M: Memory>(
     }
 }
 
+/// The request of a validated row op whose operands `p` are contiguous on `device`;
+/// `scratch` is ScatterRows' zeroed int32 `[rows]` device memory (else 0).
+fn rows_request(
+    d: &RowsDims,
+    dtype: DType,
+    w_dtype: DType,
+    device: i32,
+    p: RowPtrs,
+    scratch: u64,
+    stream: u64,
+) -> ffi::RowsRequest {
+    ffi::RowsRequest {
+        op: ffi_rows_op(d.op),
+        dtype: ffi_dtype(dtype),
+        w_dtype: ffi_dtype(w_dtype),
+        device,
+        tokens: d.tokens as i64,
+        top_k: d.top_k as i64,
+        rows: d.rows as i64,
+        cols: d.cols as i64,
+        x: p.x as u64,
+        y: p.y as u64,
+        inverse: p.inverse as u64,
+        weights: p.weights as u64,
+        out: p.out as u64,
+        scratch,
+        stream,
+    }
+}
+
+/// Enqueues a validated row op of the MoE glue (`super::rows`) on the current stream:
+/// one call across the seam; ScatterRows gets its int32 scratch from
+/// [`Runtime::device_bytes`].
+///
+/// # Safety
+/// `p` holds live contiguous device memory of `device` of the extents `d` and the
+/// dtypes given; `out` is disjoint from the inputs.
+pub(super) unsafe fn rows<R: Runtime>(
+    rt: &mut R,
+    device: i32,
+    d: &RowsDims,
+    (dtype, w_dtype): (DType, DType),
+    p: RowPtrs,
+) -> Result<()> {
+    check_compiled()?;
+    let stream = rt.stream(device)?;
+    let scratch = match d.op {
+        RowsOp::ScatterRows if d.rows > 0 => rt.device_bytes(device, d.rows * 4)?,
+        _ => 0,
+    };
+    let req = rows_request(d, dtype, w_dtype, device, p, scratch, stream);
+    #[cfg(groupmm_cuda)]
+    {
+        // SAFETY: the request's addresses are live device memory (contract).
+        unsafe { ffi::launch_rows(&req) }.map_err(seam)
+    }
+    #[cfg(not(groupmm_cuda))]
+    {
+        let _ = req;
+        unreachable!("checked above")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    use crate::shape::Layout;
+    use crate::layout::Layout;
 
     fn t(shape: &[usize], strides: &[isize]) -> Tensor {
         Tensor {
@@ -437,7 +493,7 @@ mod tests {
             (vec![3, 4, 6], vec![24, 1, 4]),
         ] {
             let x = t(&shape, &strides);
-            let xt = crate::shape::Transposable::transposed(&x);
+            let xt = crate::layout::Transposable::transposed(&x);
             assert_eq!(
                 operand(&x).is_some(),
                 operand(&xt).is_some(),
@@ -459,14 +515,15 @@ mod tests {
         let (t_, k, n, g) = (64usize, 32usize, 48usize, 4usize);
         let x = t(&[t_, k], &[k as isize, 1]);
         let dy = t(&[t_, n], &[n as isize, 1]);
-        let xt = crate::shape::Transposable::transposed(&x);
+        let xt = crate::layout::Transposable::transposed(&x);
         let plan = crate::shape::plan_packed(&xt.layout, &dy.layout, Some(g)).unwrap();
         let c = t(&plan.out_shape, &[(k * n) as isize, n as isize, 1]);
-        let offs = Offs {
+        let offs = IntTensor {
             ptr: 8192,
             layout: Layout::new(&[g], &[1]),
             device: Device::Cuda(0),
             id: 1,
+            int32: true,
         };
         let r = packed_request(&plan, &xt, &dy, Some(&offs), None, &c, (77, false)).unwrap();
         assert_eq!(r.form, ffi::Form::GroupedK);
@@ -489,16 +546,43 @@ mod tests {
         let gathered = Layout::contiguous(&[rows, k]);
         let plan = crate::shape::plan_packed(&gathered, &w.layout, Some(g)).unwrap();
         let c = t(&plan.out_shape, &[n as isize, 1]);
-        let at = |ptr, len| Offs {
+        let at = |ptr, len| IntTensor {
             ptr,
             layout: Layout::new(&[len], &[1]),
             device: Device::Cuda(0),
             id: 1,
+            int32: true,
         };
         let (offs, index) = (at(8192, g), at(4096, rows));
         let r = packed_request(&plan, &x, &w, Some(&offs), Some(&index), &c, (77, false)).unwrap();
         assert_eq!(r.form, ffi::Form::GroupedM);
         assert_eq!((r.m, r.n, r.k, r.a.rows, r.fusion.src), (24, 8, 16, 10, 4096));
+    }
+
+    #[test]
+    fn row_request_carries_the_op_and_the_extents() {
+        let d = crate::shape::plan_gather_sum(
+            &Layout::contiguous(&[7, 16]),
+            &Layout::contiguous(&[3, 2]),
+            Some(&Layout::contiguous(&[3, 2])),
+        )
+        .unwrap();
+        let p = RowPtrs {
+            x: 4096,
+            y: 0,
+            inverse: 8192,
+            weights: 12288,
+            out: 16384,
+        };
+        let r = rows_request(&d, DType::BF16, DType::F32, 1, p, 0, 77);
+        assert_eq!(r.op, ffi::RowsOp::GatherSum);
+        assert_eq!((r.dtype, r.w_dtype), (ffi::DType::BF16, ffi::DType::F32));
+        assert_eq!((r.tokens, r.top_k, r.rows, r.cols), (3, 2, 7, 16));
+        assert_eq!(
+            (r.x, r.y, r.inverse, r.weights, r.out),
+            (4096, 0, 8192, 12288, 16384)
+        );
+        assert_eq!((r.device, r.scratch, r.stream), (1, 0, 77));
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! The seam between Rust and the CUDA C++ of `cuda/`: one `cxx` bridge.
 //!
 //! The shared structs below are the only definition of what crosses it: Rust fills them
-//! (`super::cuda`), and the C++ launchers of `cuda/host/` take them as they are. The two
-//! enums are defined in C++ (`cuda/device/types.h`, which the kernels include too); cxx
+//! (`super::cuda`), and the C++ launchers of `cuda/host/` take them as they are. The
+//! enums are defined in C++ (`DType`, `Form`: `cuda/device/types.h`, which the kernels
+//! include too; `RowsOp`: `cuda/device/rows.h`, which only the row kernels include); cxx
 //! checks at compile time that the variants here match.
 //!
 //! Operands arrive normalised: Rust has already decided row- or column-major, the
@@ -61,8 +62,8 @@ pub(crate) mod bridge {
         col_major: bool,
     }
 
-    /// One packed product (forms in `crate::shape`). `m`, `n`, `k`, `groups` are the
-    /// plan's (`crate::shape::PackedPlan`): GroupedM m = T, GroupedK k = T, GroupedN
+    /// One packed product (forms in `crate::shape`). `m`, `n`, `k`, `groups` are those
+    /// of the validated product (`crate::shape::PackedDims`): GroupedM m = T, GroupedK k = T, GroupedN
     /// n = N_total. The output `c` is row-major and need not be initialised.
     #[derive(Clone, Copy, Debug)]
     struct PackedRequest {
@@ -120,8 +121,8 @@ pub(crate) mod bridge {
         c: Operand,
     }
 
-    /// The row ops of the MoE glue (what each computes: cuda/device/rows.h, whose
-    /// `RowsOpC` has the same values; `crate::exec::rows` on the CPU).
+    /// The row ops of `crate::shape::RowsOp`; C++: `gmm::RowsOp` in cuda/device/rows.h
+    /// (what each computes there).
     #[repr(u8)]
     #[derive(Debug)]
     enum RowsOp {
@@ -129,16 +130,17 @@ pub(crate) mod bridge {
         Swiglu = 0,
         /// The gradient of `Swiglu` w.r.t. its input `y`, from the output gradient `x`.
         SwigluBackward = 1,
-        /// `out[t] = sum_j w[t, j] * x[index[t, j]]`.
+        /// `out[t] = sum_j w[t, j] * x[inverse[t, j]]`.
         GatherSum = 2,
-        /// `out[index[t, j]] = w[t, j] * x[t]`, every row written (zeros where unnamed).
+        /// `out[inverse[t, j]] = w[t, j] * x[t]`, every row written (zeros where unnamed).
         ScatterRows = 3,
-        /// `out[t, j] = <x[t], y[index[t, j]]>`.
+        /// `out[t, j] = <x[t], y[inverse[t, j]]>`.
         RowDots = 4,
     }
 
-    /// One row op, validated by Rust (`crate::exec::rows`): every operand contiguous on
-    /// `device`; addresses of absent operands 0.
+    /// One row op, validated by Rust (`crate::shape`'s row rules, applied by
+    /// `crate::exec::rows`): every operand contiguous on `device`; addresses of absent
+    /// operands 0.
     #[derive(Clone, Copy, Debug)]
     struct RowsRequest {
         op: RowsOp,
@@ -147,7 +149,7 @@ pub(crate) mod bridge {
         /// Of `weights` and of RowDots' `out`: `dtype` or F32.
         w_dtype: DType,
         device: i32,
-        /// Rows of `index` (`T`) and its columns (`k`).
+        /// Rows of `inverse` (`T`) and its columns (`k`).
         tokens: i64,
         top_k: i64,
         /// Rows `R` of the expert-ordered operand.
@@ -157,7 +159,8 @@ pub(crate) mod bridge {
         cols: i64,
         x: u64,
         y: u64,
-        index: u64,
+        /// int32 `[tokens, top_k]`: the row of the expert-ordered operand of each choice.
+        inverse: u64,
         weights: u64,
         out: u64,
         /// ScatterRows: zeroed int32 `[rows]` device memory (the inverse permutation).
@@ -212,9 +215,11 @@ pub(crate) mod bridge {
     #[cfg(groupmm_cuda)]
     unsafe extern "C++" {
         include!("host/bridge.h");
+        include!("device/rows.h");
 
         type DType;
         type Form;
+        type RowsOp;
         /// A planned packed launch (cuda/host/plan.h).
         type PackedPlan;
         /// A planned list launch (cuda/host/plan.h).

@@ -3,14 +3,17 @@
 //! request → validate (the rules of [`crate::shape`]) → plan → dispatch (the CPU kernels
 //! of [`crate::cpu`], or the CUDA launchers of `cuda/` through [`cuda`]) → backward
 //! composition (`dA = dC·Bᵀ`, `dB = Aᵀ·dC` on transposed descriptions, no copies), for
-//! the packed and the list forms, written once. See ARCHITECTURE.md.
+//! the packed and the list forms, written once; the gathered product of the MoE forward
+//! ([`packed_gather`]) and the row ops of the MoE glue ([`rows`]) go the same way. See
+//! ARCHITECTURE.md.
 //!
 //! The engine never sees a Python object or an ndarray type. A face ([`crate::api`] on
 //! ndarray, `crate::python` on torch tensors and numpy arrays) describes each array as a
-//! [`Tensor`] (address, dtype, [`Layout`], [`Device`]) and lends memory through
-//! [`Memory`]: fresh outputs, CUDA workspaces and argument blocks, contiguous copies of
-//! operands no kernel can read in place, the current CUDA stream, and a way to run the
-//! CPU kernels (e.g. with the GIL released).
+//! [`Tensor`] (address, dtype, [`Layout`], [`Device`]) or an [`IntTensor`] (`offs`, an
+//! index), and lends what its runtime provides through [`Runtime`]: fresh outputs, CUDA
+//! workspaces and argument blocks, normalised copies of operands no kernel can read in
+//! place, the current CUDA stream, the TF32 flag, and a way to run the CPU kernels (e.g.
+//! with the GIL released).
 //!
 //! Every check happens before anything is allocated or written: on error the caller's
 //! buffers are untouched.
@@ -26,7 +29,8 @@ pub(crate) mod rows;
 use crate::cpu;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::shape::{self, GroupDims, Item, Layout, PackedPlan, Transposable};
+use crate::layout::{Layout, Transposable};
+use crate::shape::{self, GroupDims, Item, PackedDims};
 use half::{bf16, f16};
 use std::fmt;
 
@@ -62,7 +66,7 @@ macro_rules! with_types {
 pub enum Device {
     /// Host memory.
     Cpu,
-    /// Memory of the CUDA device with this index.
+    /// Runtime of the CUDA device with this index.
     Cuda(i32),
 }
 
@@ -87,7 +91,7 @@ pub struct Tensor {
     /// Where the memory is.
     pub device: Device,
     /// The face's handle for the object behind this description, handed back in
-    /// [`Memory::contiguous`].
+    /// [`Runtime::contiguous`].
     pub id: usize,
     /// True when `layout` is the object's own layout with the last two dims swapped.
     pub transposed: bool,
@@ -132,17 +136,21 @@ impl Tensor {
     }
 }
 
-/// The int32 `offs` operand (cumulative group ends).
+/// An integer operand: `offs` (int32 group ends), or an index (`src`, `inverse`). The
+/// kernels read int32 only: a face may describe an index of another integer dtype
+/// (`int32: false`), which the engine has converted through [`Runtime::int32`] first.
 #[derive(Debug, Clone)]
-pub struct Offs {
-    /// Address of `offs[0]`.
+pub struct IntTensor {
+    /// Address of element `[0, ...]`.
     pub ptr: usize,
-    /// Its layout (1-D when valid; checked by the engine).
+    /// Its layout (checked by the rules).
     pub layout: Layout,
     /// Where the memory is.
     pub device: Device,
     /// The face's handle, as for [`Tensor::id`].
     pub id: usize,
+    /// True when the elements are int32 (always for `offs`).
+    pub int32: bool,
 }
 
 /// An output: the face's own object and its description.
@@ -151,9 +159,12 @@ pub type Output<O> = (O, Tensor);
 /// The gradients of a backward call, `(dA, dB)`, each `None` unless asked for.
 pub type Grads<O> = (Option<O>, Option<O>);
 
-/// The memory a face lends the engine. Only [`Memory::alloc`] is needed on the CPU; the
-/// other methods serve CUDA calls and fail by default.
-pub trait Memory {
+/// What a face's runtime lends the engine for one call: memory (outputs, workspaces,
+/// argument blocks, normalised copies), the current CUDA stream, the TF32 flag, and how
+/// CPU kernels run (the torch face releases the GIL). Only [`Runtime::alloc`] is needed
+/// by the GEMMs on the CPU; the other methods serve CUDA calls and the row ops, and fail
+/// by default.
+pub trait Runtime {
     /// The face's output object (a torch tensor, a numpy array, an ndarray array).
     type Out;
 
@@ -166,13 +177,20 @@ pub trait Memory {
         job()
     }
 
-    /// A contiguous copy of the face's object `id` (CUDA only): its address and layout,
-    /// in the object's own orientation. It must stay alive until the call returns.
+    /// A contiguous copy of the face's object `id` (CUDA operands no kernel reads in
+    /// place; any operand of a row op): its address and layout, in the object's own
+    /// orientation. It must stay alive until the call returns.
     fn contiguous(&mut self, _id: usize) -> Result<(usize, Layout)> {
         Err(no_cuda_memory())
     }
 
-    /// Whether [`Memory::transposed`] works: then a packed backward gives each gradient
+    /// A contiguous int32 copy of the face's integer object `id`, an index of another
+    /// integer dtype, as [`Runtime::contiguous`].
+    fn int32(&mut self, _id: usize) -> Result<(usize, Layout)> {
+        Err(no_cuda_memory())
+    }
+
+    /// Whether [`Runtime::transposed`] works: then a packed backward gives each gradient
     /// in its operand's layout (`shape::transposed_grads`).
     fn can_transpose(&self) -> bool {
         false
@@ -249,7 +267,7 @@ fn no_cuda_memory() -> Error {
 // ---------------------------------------------------------------------------------
 
 /// The checks of a packed product: dtypes and devices agree, shapes make a form.
-fn validate_packed(a: &Tensor, b: &Tensor, offs: Option<&Offs>) -> Result<PackedPlan> {
+fn validate_packed(a: &Tensor, b: &Tensor, offs: Option<&IntTensor>) -> Result<PackedDims> {
     shape::check_like("b", b.like(), "a", a.reference())?;
     let offs_len = match offs {
         Some(o) => {
@@ -265,7 +283,7 @@ fn validate_packed(a: &Tensor, b: &Tensor, offs: Option<&Offs>) -> Result<Packed
 ///
 /// # Safety
 /// `offs` describes live host memory when its device is the CPU.
-unsafe fn host_offs(offs: Option<&Offs>, plan: &PackedPlan) -> Result<Option<Vec<i32>>> {
+unsafe fn host_offs(offs: Option<&IntTensor>, plan: &PackedDims) -> Result<Option<Vec<i32>>> {
     let Some(o) = offs.filter(|o| o.device == Device::Cpu) else {
         return Ok(None);
     };
@@ -308,15 +326,15 @@ fn check_out<'t, N: fmt::Display>(
 ///
 /// # Safety
 /// Every description is of live memory on its device for the whole call (inputs
-/// readable, `out` writable), as [`Memory`] promises for what it lends.
-pub unsafe fn packed<M: Memory>(
-    mem: &mut M,
+/// readable, `out` writable), as [`Runtime`] promises for what it lends.
+pub unsafe fn packed<R: Runtime>(
+    rt: &mut R,
     a: &Tensor,
     b: &Tensor,
-    offs: Option<&Offs>,
+    offs: Option<&IntTensor>,
     out_dtype: Option<DType>,
-    out: Option<Output<M::Out>>,
-) -> Result<M::Out> {
+    out: Option<Output<R::Out>>,
+) -> Result<R::Out> {
     let dtype = out_dtype.unwrap_or(a.dtype);
     let plan = validate_packed(a, b, offs)?;
     if let Some((_, o)) = &out {
@@ -331,11 +349,11 @@ pub unsafe fn packed<M: Memory>(
     }
     // SAFETY: forwarded contract.
     let offs_vals = unsafe { host_offs(offs, &plan)? };
-    let ops = Operands::prepare(mem, &[a, b], offs)?;
+    let ops = Operands::prepare(rt, &[a, b], offs)?;
     let (a, b) = (&ops.t[0], &ops.t[1]);
-    into_target(mem, out, &plan.out_shape, dtype, a.device, |mem, c| {
+    into_target(rt, out, &plan.out_shape, dtype, a.device, |rt, c| {
         // SAFETY: forwarded contract; `c` is a fresh output or the checked `out`.
-        unsafe { run_packed(mem, &plan, a, b, ops.offs.as_ref(), offs_vals.as_deref(), c) }
+        unsafe { run_packed(rt, &plan, a, b, ops.offs.as_ref(), offs_vals.as_deref(), c) }
     })
 }
 
@@ -345,16 +363,16 @@ pub unsafe fn packed<M: Memory>(
 /// # Safety
 /// As [`packed`].
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn packed_backward<M: Memory>(
-    mem: &mut M,
+pub unsafe fn packed_backward<R: Runtime>(
+    rt: &mut R,
     grad: &Tensor,
     a: &Tensor,
     b: &Tensor,
-    offs: Option<&Offs>,
+    offs: Option<&IntTensor>,
     need_a: bool,
     need_b: bool,
     out_dtype: Option<DType>,
-) -> Result<Grads<M::Out>> {
+) -> Result<Grads<R::Out>> {
     shape::check_like("grad", grad.like(), "a", a.reference())?;
     let fwd = validate_packed(a, b, offs)?;
     shape::check_grad("grad", &grad.layout, &fwd.out_shape)?;
@@ -365,34 +383,34 @@ pub unsafe fn packed_backward<M: Memory>(
     }
     let dtype = out_dtype.unwrap_or(a.dtype);
     // Kernel-readable inputs, copied (CUDA) at most once for both products.
-    let ops = Operands::prepare(mem, &[grad, a, b], offs)?;
+    let ops = Operands::prepare(rt, &[grad, a, b], offs)?;
     // The gradients follow the layouts of the inputs as given (before any copy).
-    let t = if mem.can_transpose() {
+    let t = if rt.can_transpose() {
         shape::transposed_grads(&a.layout, &b.layout)
     } else {
         [false; 2]
     };
     let [(ga, gb), (ha, hb)] = shape::backward_layouts(&ops.t[0], &ops.t[1], &ops.t[2], t);
     let offs_len = offs.map(|o| o.layout.shape[0]);
-    let product = |mem: &mut M, x: &Tensor, y: &Tensor, swapped: bool| -> Result<M::Out> {
+    let product = |rt: &mut R, x: &Tensor, y: &Tensor, swapped: bool| -> Result<R::Out> {
         let plan = shape::plan_packed(&x.layout, &y.layout, offs_len)?;
-        let o = into_target(mem, None, &plan.out_shape, dtype, x.device, |mem, c| {
+        let o = into_target(rt, None, &plan.out_shape, dtype, x.device, |rt, c| {
             // SAFETY: forwarded contract; `c` is a fresh output.
-            unsafe { run_packed(mem, &plan, x, y, ops.offs.as_ref(), offs_vals.as_deref(), c) }
+            unsafe { run_packed(rt, &plan, x, y, ops.offs.as_ref(), offs_vals.as_deref(), c) }
         })?;
         if swapped {
-            mem.transposed(o)
+            rt.transposed(o)
         } else {
             Ok(o)
         }
     };
     let da = if need_a {
-        Some(product(mem, &ga, &gb, t[0])?)
+        Some(product(rt, &ga, &gb, t[0])?)
     } else {
         None
     };
     let db = if need_b {
-        Some(product(mem, &ha, &hb, t[1])?)
+        Some(product(rt, &ha, &hb, t[1])?)
     } else {
         None
     };
@@ -400,102 +418,65 @@ pub unsafe fn packed_backward<M: Memory>(
 }
 
 /// The GroupedM product with gathered rows, the MoE forward on tokens kept in token
-/// order: `out[r] = x[index[r]] · w[g]` for the rows `r` of group `g` (`offs` over the
-/// `R` rows of `index`); a row whose index is outside `[0, rows of x)` is a zero row.
-/// The CUDA side may read the rows through `index` itself (groupmm's gathering varlen
-/// kernel, only with `GROUPMM_SM90_GATHER=1`: no `[R, K]` copy); otherwise, and on the
-/// CPU, the rows are gathered first ([`rows`]' `GatherSum` with one column) and the plain
-/// product runs.
+/// order: `out[r] = x[src[r]] · w[g]` for the rows `r` of group `g` (`offs` over the `R`
+/// rows of `src`, the token of each routed row); a row whose `src` is outside
+/// `[0, rows of x)` is a zero row (rule: [`shape::plan_gather`]). The CUDA side may read
+/// the rows through `src` itself (groupmm's gathering varlen kernel, only with
+/// `GROUPMM_SM90_GATHER=1`: no `[R, K]` copy); otherwise, and on the CPU, the rows are
+/// gathered first (the row op `GatherSum` with `src` as a one-column `inverse`: row `r`
+/// sums the one row `src[r]`) and the plain product runs.
 ///
 /// # Safety
-/// As [`packed`]; `index` is int32.
-pub unsafe fn packed_gather<M: Memory>(
-    mem: &mut M,
+/// As [`packed`].
+pub unsafe fn packed_gather<R: Runtime>(
+    rt: &mut R,
     x: &Tensor,
-    index: &Offs,
+    src: &IntTensor,
     w: &Tensor,
-    offs: &Offs,
+    offs: &IntTensor,
     out_dtype: Option<DType>,
-) -> Result<M::Out> {
+) -> Result<R::Out> {
     let dtype = out_dtype.unwrap_or(x.dtype);
-    if x.layout.ndim() != 2 {
-        return Err(Error::Shape(format!(
-            "x: expected a 2-D tensor [T, K] (the tokens), found shape {}",
-            shape::fmt_shape(&x.layout.shape)
-        )));
-    }
     shape::check_like("w", w.like(), "x", x.reference())?;
-    shape::check_like("index", (None, index.device), "x", x.reference())?;
+    shape::check_like("src", (None, src.device), "x", x.reference())?;
     shape::check_like("offs", (None, offs.device), "x", x.reference())?;
-    let k = x.layout.shape[1];
-    if w.layout.ndim() != 3 || w.layout.shape[1] != k {
-        return Err(Error::Shape(format!(
-            "w: expected 3-D weights [G, K={k}, N] (K: the columns of x), found shape {}",
-            shape::fmt_shape(&w.layout.shape)
-        )));
-    }
-    if index.layout.ndim() != 1 {
-        return Err(Error::Shape(format!(
-            "index: expected a 1-D tensor [R] (the row of x of each routed row), found shape {}",
-            shape::fmt_shape(&index.layout.shape)
-        )));
-    }
-    let rows = index.layout.shape[0];
-    // The product as if the gathered rows [R, K] were given.
-    let gathered = Tensor {
-        layout: Layout::contiguous(&[rows, k]),
-        ..x.clone()
-    };
-    let plan = validate_packed(&gathered, w, Some(offs))?;
+    let plan = shape::plan_gather(
+        &x.layout,
+        &w.layout,
+        &src.layout,
+        shape::offs_len(&offs.layout)?,
+    )?;
     // SAFETY: forwarded contract.
     let offs_vals = unsafe { host_offs(Some(offs), &plan)? };
-    let ops = Operands::prepare(mem, &[x, w], Some(offs))?;
+    let ops = Operands::prepare(rt, &[x, w], Some(offs))?;
     let (x, w, offs) = (&ops.t[0], &ops.t[1], ops.offs.as_ref());
-    let index = if index.layout.is_contiguous() {
-        index.clone()
-    } else {
-        let (ptr, layout) = mem.contiguous(index.id)?;
-        Offs {
-            ptr,
-            layout,
-            ..index.clone()
-        }
-    };
-    into_target(mem, None, &plan.out_shape, dtype, x.device, |mem, c| {
+    let src = contiguous_int32(rt, src)?;
+    into_target(rt, None, &plan.out_shape, dtype, x.device, |rt, c| {
         if let Device::Cuda(_) = x.device {
             // SAFETY: forwarded contract; `c` is a fresh output.
-            if unsafe { cuda::packed(mem, &plan, x, w, offs, Some(&index), c)? } {
+            if unsafe { cuda::packed(rt, &plan, x, w, offs, Some(&src), c)? } {
                 return Ok(());
             }
         }
-        let x = if x.layout.is_contiguous() {
-            x.clone()
-        } else {
-            let (ptr, layout) = mem.contiguous(x.id)?;
-            Tensor {
-                ptr,
-                layout,
-                transposed: false,
-                ..x.clone()
-            }
+        let x = contiguous(rt, x)?;
+        let (_keep, a) = rt.alloc(&[plan.m, plan.k], x.dtype, x.device)?;
+        let gather = shape::RowsDims {
+            op: shape::RowsOp::GatherSum,
+            tokens: plan.m,
+            top_k: 1,
+            rows: x.layout.shape[0],
+            cols: plan.k,
         };
-        let (_keep, a) = mem.alloc(&[rows, k], x.dtype, x.device)?;
-        let column = Offs {
-            layout: Layout::contiguous(&[rows, 1]),
-            ..index.clone()
+        let p = cpu::rows::RowPtrs {
+            x: x.ptr,
+            inverse: src.ptr,
+            out: a.ptr,
+            ..Default::default()
         };
-        let call = rows::RowsCall {
-            op: ffi::RowsOp::GatherSum,
-            x: &x,
-            y: None,
-            index: Some(&column),
-            weights: None,
-            out: &a,
-        };
-        // SAFETY: forwarded contract; `a` is fresh, `x` and `column` contiguous.
-        unsafe { rows::run(mem, &call)? };
+        // SAFETY: forwarded contract; `x` and `src` contiguous, `a` fresh `[R, K]`.
+        unsafe { rows::launch(rt, &gather, x.device, (x.dtype, x.dtype), p)? };
         // SAFETY: as for `packed`; `a` is alive until `_keep` drops, after the product.
-        unsafe { run_packed(mem, &plan, &a, w, offs, offs_vals.as_deref(), c) }
+        unsafe { run_packed(rt, &plan, &a, w, offs, offs_vals.as_deref(), c) }
     })
 }
 
@@ -503,25 +484,25 @@ pub unsafe fn packed_gather<M: Memory>(
 ///
 /// # Safety
 /// As [`packed`]; `offs_vals` passed [`shape::check_offs`] (CPU).
-unsafe fn run_packed<M: Memory>(
-    mem: &mut M,
-    plan: &PackedPlan,
+unsafe fn run_packed<R: Runtime>(
+    rt: &mut R,
+    plan: &PackedDims,
     a: &Tensor,
     b: &Tensor,
-    offs: Option<&Offs>,
+    offs: Option<&IntTensor>,
     offs_vals: Option<&[i32]>,
     c: &Tensor,
 ) -> Result<()> {
     match a.device {
         Device::Cuda(_) => {
             // SAFETY: forwarded contract.
-            unsafe { cuda::packed(mem, plan, a, b, offs, None, c) }.map(|_| ())
+            unsafe { cuda::packed(rt, plan, a, b, offs, None, c) }.map(|_| ())
         }
         Device::Cpu => {
-            let problems = shape::packed_problems(plan, &a.layout, &b.layout, &c.layout, offs_vals);
+            let problems = cpu::packed_problems(plan, &a.layout, &b.layout, &c.layout, offs_vals);
             let (pa, pb, pc) = (a.ptr, b.ptr, c.ptr);
             with_types!(a.dtype, c.dtype, |TI, TO| {
-                mem.run_cpu(&mut || {
+                rt.run_cpu(&mut || {
                     // SAFETY: problems from packed_problems on the layouts of the live
                     // arrays behind the pointers (offs checked), `c` non-overlapping and
                     // disjoint from the inputs (fresh, or checked by check_out).
@@ -563,13 +544,13 @@ fn validate_list(a: &[Tensor], b: &[Tensor]) -> Result<Vec<GroupDims>> {
 ///
 /// # Safety
 /// As [`packed`].
-pub unsafe fn list<M: Memory>(
-    mem: &mut M,
+pub unsafe fn list<R: Runtime>(
+    rt: &mut R,
     a: &[Tensor],
     b: &[Tensor],
     out_dtype: Option<DType>,
-    outs: Option<Vec<Output<M::Out>>>,
-) -> Result<Vec<M::Out>> {
+    outs: Option<Vec<Output<R::Out>>>,
+) -> Result<Vec<R::Out>> {
     let dims = validate_list(a, b)?;
     let Some(first) = a.first() else {
         let outs = outs.unwrap_or_default();
@@ -597,10 +578,10 @@ pub unsafe fn list<M: Memory>(
         }
     }
     let refs: Vec<&Tensor> = a.iter().chain(b).collect();
-    let ops = Operands::prepare(mem, &refs, None)?;
+    let ops = Operands::prepare(rt, &refs, None)?;
     let (a, b) = ops.t.split_at(a.len());
     // SAFETY: forwarded contract.
-    unsafe { run_list_into(mem, &dims, a, b, dtype, first.device, outs) }
+    unsafe { run_list_into(rt, &dims, a, b, dtype, first.device, outs) }
 }
 
 /// Backward of the list product: `dA[i] = grads[i]·b[i]ᵀ`, `dB[i] = a[i]ᵀ·grads[i]`,
@@ -608,15 +589,15 @@ pub unsafe fn list<M: Memory>(
 ///
 /// # Safety
 /// As [`packed`].
-pub unsafe fn list_backward<M: Memory>(
-    mem: &mut M,
+pub unsafe fn list_backward<R: Runtime>(
+    rt: &mut R,
     grads: &[Tensor],
     a: &[Tensor],
     b: &[Tensor],
     need_a: bool,
     need_b: bool,
     out_dtype: Option<DType>,
-) -> Result<Grads<Vec<M::Out>>> {
+) -> Result<Grads<Vec<R::Out>>> {
     let dims = validate_list(a, b)?;
     shape::check_len(
         "grads",
@@ -637,7 +618,7 @@ pub unsafe fn list_backward<M: Memory>(
     let dtype = out_dtype.unwrap_or(first.dtype);
     let g_len = grads.len();
     let refs: Vec<&Tensor> = grads.iter().chain(a).chain(b).collect();
-    let ops = Operands::prepare(mem, &refs, None)?;
+    let ops = Operands::prepare(rt, &refs, None)?;
     let (grads, rest) = ops.t.split_at(g_len);
     let (a, b) = rest.split_at(g_len);
     let mut products: [(Vec<Tensor>, Vec<Tensor>); 2] = Default::default();
@@ -650,18 +631,18 @@ pub unsafe fn list_backward<M: Memory>(
         products[1].1.push(hb);
     }
     let device = first.device;
-    let product = |mem: &mut M, (x, y): &(Vec<Tensor>, Vec<Tensor>)| -> Result<Vec<M::Out>> {
+    let product = |rt: &mut R, (x, y): &(Vec<Tensor>, Vec<Tensor>)| -> Result<Vec<R::Out>> {
         let dims = shape::plan_list(x, y)?;
         // SAFETY: forwarded contract.
-        unsafe { run_list_into(mem, &dims, x, y, dtype, device, None) }
+        unsafe { run_list_into(rt, &dims, x, y, dtype, device, None) }
     };
     let da = if need_a {
-        Some(product(mem, &products[0])?)
+        Some(product(rt, &products[0])?)
     } else {
         None
     };
     let db = if need_b {
-        Some(product(mem, &products[1])?)
+        Some(product(rt, &products[1])?)
     } else {
         None
     };
@@ -672,30 +653,30 @@ pub unsafe fn list_backward<M: Memory>(
 ///
 /// # Safety
 /// As [`packed`].
-unsafe fn run_list_into<M: Memory>(
-    mem: &mut M,
+unsafe fn run_list_into<R: Runtime>(
+    rt: &mut R,
     dims: &[GroupDims],
     a: &[Tensor],
     b: &[Tensor],
     dtype: DType,
     device: Device,
-    outs: Option<Vec<Output<M::Out>>>,
-) -> Result<Vec<M::Out>> {
-    let outs: Vec<Output<M::Out>> = match outs {
+    outs: Option<Vec<Output<R::Out>>>,
+) -> Result<Vec<R::Out>> {
+    let outs: Vec<Output<R::Out>> = match outs {
         Some(o) => o,
         None => dims
             .iter()
-            .map(|d| mem.alloc(&[d.m, d.n], dtype, device))
+            .map(|d| rt.alloc(&[d.m, d.n], dtype, device))
             .collect::<Result<_>>()?,
     };
     // Targets the kernels write: the outputs themselves, except (CUDA) outputs that are
     // not contiguous, which get a fresh target and a copy afterwards.
-    let mut temps: Vec<Option<Output<M::Out>>> = Vec::with_capacity(outs.len());
+    let mut temps: Vec<Option<Output<R::Out>>> = Vec::with_capacity(outs.len());
     for ((_, o), d) in outs.iter().zip(dims) {
         temps.push(if writes_in_place(o) {
             None
         } else {
-            Some(mem.alloc(&[d.m, d.n], dtype, device)?)
+            Some(rt.alloc(&[d.m, d.n], dtype, device)?)
         });
     }
     let targets: Vec<&Tensor> = outs
@@ -706,16 +687,16 @@ unsafe fn run_list_into<M: Memory>(
     match device {
         Device::Cuda(_) => {
             // SAFETY: forwarded contract.
-            unsafe { cuda::list(mem, a, b, &targets)? }
+            unsafe { cuda::list(rt, a, b, &targets)? }
         }
         Device::Cpu => {
-            let problems = shape::list_problems(dims, a, b, &targets);
+            let problems = cpu::list_problems(dims, a, b, &targets);
             let pa: Vec<usize> = a.iter().map(|x| x.ptr).collect();
             let pb: Vec<usize> = b.iter().map(|x| x.ptr).collect();
             let pc: Vec<usize> = targets.iter().map(|x| x.ptr).collect();
             let ti = a.first().map_or(dtype, |x| x.dtype);
             with_types!(ti, dtype, |TI, TO| {
-                mem.run_cpu(&mut || {
+                rt.run_cpu(&mut || {
                     let pa: Vec<*const TI> = pa.iter().map(|&p| p as *const TI).collect();
                     let pb: Vec<*const TI> = pb.iter().map(|&p| p as *const TI).collect();
                     let pc: Vec<*mut TO> = pc.iter().map(|&p| p as *mut TO).collect();
@@ -731,7 +712,7 @@ unsafe fn run_list_into<M: Memory>(
         .zip(temps)
         .map(|((o, _), t)| {
             if let Some((t, _)) = t {
-                mem.copy_into(&o, &t)?;
+                rt.copy_into(&o, &t)?;
             }
             Ok(o)
         })
@@ -742,6 +723,36 @@ unsafe fn run_list_into<M: Memory>(
 // Shared by both forms
 // ---------------------------------------------------------------------------------
 
+/// `t`, or a contiguous copy of it (made by the face): the row ops read contiguous rows.
+fn contiguous<R: Runtime>(rt: &mut R, t: &Tensor) -> Result<Tensor> {
+    if t.layout.is_contiguous() {
+        return Ok(t.clone());
+    }
+    let (ptr, layout) = rt.contiguous(t.id)?;
+    Ok(Tensor {
+        ptr,
+        layout,
+        transposed: false,
+        ..t.clone()
+    })
+}
+
+/// An index as the kernels read it: `i` when it is contiguous int32, else a contiguous
+/// int32 copy made by the face (one conversion for any other integer dtype).
+fn contiguous_int32<R: Runtime>(rt: &mut R, i: &IntTensor) -> Result<IntTensor> {
+    let (ptr, layout) = match (i.int32, i.layout.is_contiguous()) {
+        (true, true) => return Ok(i.clone()),
+        (true, false) => rt.contiguous(i.id)?,
+        (false, _) => rt.int32(i.id)?,
+    };
+    Ok(IntTensor {
+        ptr,
+        layout,
+        int32: true,
+        ..i.clone()
+    })
+}
+
 /// True when the kernels write `out` as it is: any layout on the CPU, contiguous
 /// row-major on CUDA.
 fn writes_in_place(out: &Tensor) -> bool {
@@ -751,28 +762,28 @@ fn writes_in_place(out: &Tensor) -> bool {
 /// Runs `run` on the output target: `out` itself when the kernels can write it in
 /// place, else a fresh output copied into `out` afterwards; a fresh output when `out`
 /// is `None`.
-fn into_target<M: Memory>(
-    mem: &mut M,
-    out: Option<Output<M::Out>>,
+fn into_target<R: Runtime>(
+    rt: &mut R,
+    out: Option<Output<R::Out>>,
     shape: &[usize],
     dtype: DType,
     device: Device,
-    run: impl FnOnce(&mut M, &Tensor) -> Result<()>,
-) -> Result<M::Out> {
+    run: impl FnOnce(&mut R, &Tensor) -> Result<()>,
+) -> Result<R::Out> {
     match out {
         Some((o, t)) if writes_in_place(&t) => {
-            run(mem, &t)?;
+            run(rt, &t)?;
             Ok(o)
         }
         Some((o, _)) => {
-            let (tmp, t) = mem.alloc(shape, dtype, device)?;
-            run(mem, &t)?;
-            mem.copy_into(&o, &tmp)?;
+            let (tmp, t) = rt.alloc(shape, dtype, device)?;
+            run(rt, &t)?;
+            rt.copy_into(&o, &tmp)?;
             Ok(o)
         }
         None => {
-            let (o, t) = mem.alloc(shape, dtype, device)?;
-            run(mem, &t)?;
+            let (o, t) = rt.alloc(shape, dtype, device)?;
+            run(rt, &t)?;
             Ok(o)
         }
     }
@@ -783,19 +794,19 @@ fn into_target<M: Memory>(
 /// read in place, made once per call even when an operand feeds two products.
 struct Operands {
     t: Vec<Tensor>,
-    offs: Option<Offs>,
+    offs: Option<IntTensor>,
 }
 
 impl Operands {
-    fn prepare<M: Memory>(mem: &mut M, t: &[&Tensor], offs: Option<&Offs>) -> Result<Self> {
+    fn prepare<R: Runtime>(rt: &mut R, t: &[&Tensor], offs: Option<&IntTensor>) -> Result<Self> {
         match t.first().map(|x| x.device) {
             Some(Device::Cuda(_)) => {
                 cuda::check_compiled()?;
                 Ok(Operands {
                     t: t.iter()
-                        .map(|x| cuda::readable(mem, x))
+                        .map(|x| cuda::readable(rt, x))
                         .collect::<Result<_>>()?,
-                    offs: offs.map(|o| cuda::readable_offs(mem, o)).transpose()?,
+                    offs: offs.map(|o| cuda::readable_offs(rt, o)).transpose()?,
                 })
             }
             _ => Ok(Operands {

@@ -2,22 +2,23 @@
 //!
 //! Each function reads its arguments (torch tensors or numpy arrays, as Python objects:
 //! data pointer, shape, strides, dtype, device), maps them to the engine's descriptions,
-//! calls the engine (`crate::exec`) with a [`memory::PyMem`] that lends torch's (or
-//! numpy's) memory, and maps errors to Python exceptions. The engine runs the CPU kernels
+//! calls the engine (`crate::exec`) with a [`runtime::PyRuntime`] that lends what torch's
+//! (or numpy's) runtime provides, and maps errors to Python exceptions. The engine runs the CPU kernels
 //! with the GIL released and the CUDA kernels on torch's current stream. No Rust panic
 //! reaches Python: every entry point catches them.
 
-mod memory;
+mod runtime;
 mod tensor;
 
 use crate::error::Error;
 use crate::exec;
+use crate::layout::Layout;
 use crate::shape::{self, Item};
 use crate::DType;
-use memory::PyMem;
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
+use runtime::PyRuntime;
 use tensor::{Kind, Torch};
 
 impl From<Error> for PyErr {
@@ -50,6 +51,24 @@ fn guard<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
     }
 }
 
+/// The [`DType`] of a `torch.dtype` or numpy dtype object, if it is one groupmm knows.
+fn dtype_of(py: Python<'_>, kind: Kind, obj: &Bound<'_, PyAny>) -> PyResult<Option<DType>> {
+    Ok(match kind {
+        Kind::Torch => Torch::get(py)?.and_then(|t| t.dtype_of(py, obj)),
+        Kind::Numpy => match py.import("numpy")?.call_method1("dtype", (obj,)) {
+            Ok(d) => [
+                ("float16", DType::F16),
+                ("float32", DType::F32),
+                ("float64", DType::F64),
+            ]
+            .into_iter()
+            .find(|(n, _)| d.eq(*n).unwrap_or(false))
+            .map(|(_, t)| t),
+            Err(_) => None,
+        },
+    })
+}
+
 /// Resolves `out_dtype` (a `torch.dtype`, numpy dtype, or None) against the input dtype
 /// with the rule of [`shape::resolve_out_dtype`].
 fn resolve_out_dtype(
@@ -61,20 +80,7 @@ fn resolve_out_dtype(
     let Some(od) = out_dtype.filter(|o| !o.is_none()) else {
         return Ok(input);
     };
-    let found = match kind {
-        Kind::Torch => Torch::get(py)?.and_then(|t| t.dtype_of(py, od)),
-        Kind::Numpy => match py.import("numpy")?.call_method1("dtype", (od,)) {
-            Ok(d) => [
-                ("float16", DType::F16),
-                ("float32", DType::F32),
-                ("float64", DType::F64),
-            ]
-            .into_iter()
-            .find(|(n, _)| d.eq(*n).unwrap_or(false))
-            .map(|(_, t)| t),
-            Err(_) => None,
-        },
-    };
+    let found = dtype_of(py, kind, od)?;
     Ok(shape::resolve_out_dtype(input, found, od.str()?)?)
 }
 
@@ -96,7 +102,7 @@ fn items<'py>(name: &str, seq: &Bound<'py, PyAny>) -> PyResult<Vec<Bound<'py, Py
 
 /// Reads the arrays of a sequence argument as inputs; `As[0]` becomes the reference.
 fn inputs<'py>(
-    mem: &mut PyMem<'py>,
+    rt: &mut PyRuntime<'py>,
     name: &'static str,
     seq: &Bound<'py, PyAny>,
 ) -> PyResult<Vec<exec::Tensor>> {
@@ -104,8 +110,8 @@ fn inputs<'py>(
         .iter()
         .enumerate()
         .map(|(i, x)| match (name, i) {
-            ("As", 0) => mem.reference("As[0]", x),
-            _ => mem.input(&Item(name, i), x),
+            ("As", 0) => rt.reference("As[0]", x),
+            _ => rt.input(&Item(name, i), x),
         })
         .collect()
 }
@@ -123,46 +129,44 @@ fn grouped_mm<'py>(
     out: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     guard(|| {
-        let mut mem = PyMem::new(py);
-        let a = mem.reference("a", a)?;
-        let b = mem.input(&"b", b)?;
-        let offs = mem.offs(offs)?;
-        let od = resolve_out_dtype(py, mem.kind(), a.dtype, out_dtype)?;
-        let out = not_none(out).map(|o| mem.output(&"out", o)).transpose()?;
-        // SAFETY: the descriptions are of the argument objects, which `mem` and the
-        // caller keep alive for the call; `mem` lends the rest.
-        unsafe { exec::packed(&mut mem, &a, &b, offs.as_ref(), Some(od), out) }
-            .map_err(|e| mem.raise(e))
+        let mut rt = PyRuntime::new(py);
+        let a = rt.reference("a", a)?;
+        let b = rt.input(&"b", b)?;
+        let offs = rt.offs(offs)?;
+        let od = resolve_out_dtype(py, rt.kind(), a.dtype, out_dtype)?;
+        let out = not_none(out).map(|o| rt.output(&"out", o)).transpose()?;
+        // SAFETY: the descriptions are of the argument objects, which `rt` and the
+        // caller keep alive for the call; `rt` lends the rest.
+        unsafe { exec::packed(&mut rt, &a, &b, offs.as_ref(), Some(od), out) }
+            .map_err(|e| rt.raise(e))
     })
 }
 
-/// The GroupedM product with gathered rows: `out[r] = x[index[r]] @ w[g]` for the rows
+/// The GroupedM product with gathered rows: `out[r] = x[src[r]] @ w[g]` for the rows
 /// of group `g` (`exec::packed_gather`).
 #[pyfunction]
-#[pyo3(signature = (x, w, offs, index, out_dtype=None))]
+#[pyo3(signature = (x, w, offs, src, out_dtype=None))]
 fn gather_mm<'py>(
     py: Python<'py>,
     x: &Bound<'py, PyAny>,
     w: &Bound<'py, PyAny>,
     offs: &Bound<'py, PyAny>,
-    index: &Bound<'py, PyAny>,
+    src: &Bound<'py, PyAny>,
     out_dtype: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     guard(|| {
-        let mut mem = PyMem::new(py);
-        let x = mem.reference("x", x)?;
-        let w = mem.input(&"w", w)?;
-        let missing =
-            |name: &str| Error::Value(format!("{name}: expected an int32 tensor, found None"));
-        let offs = mem.offs(Some(offs))?.ok_or_else(|| missing("offs"))?;
-        let index = mem
-            .int32("index", Some(index))?
-            .ok_or_else(|| missing("index"))?;
-        let od = resolve_out_dtype(py, mem.kind(), x.dtype, out_dtype)?;
-        // SAFETY: the descriptions are of the argument objects, which `mem` and the
-        // caller keep alive for the call; `mem` lends the rest.
-        unsafe { exec::packed_gather(&mut mem, &x, &index, &w, &offs, Some(od)) }
-            .map_err(|e| mem.raise(e))
+        let mut rt = PyRuntime::new(py);
+        let x = rt.reference("x", x)?;
+        let w = rt.input(&"w", w)?;
+        let offs = rt
+            .offs(Some(offs))?
+            .ok_or_else(|| Error::Value("offs: expected an int32 tensor, found None".into()))?;
+        let src = rt.index("src", src)?;
+        let od = resolve_out_dtype(py, rt.kind(), x.dtype, out_dtype)?;
+        // SAFETY: the descriptions are of the argument objects, which `rt` and the
+        // caller keep alive for the call; `rt` lends the rest.
+        unsafe { exec::packed_gather(&mut rt, &x, &src, &w, &offs, Some(od)) }
+            .map_err(|e| rt.raise(e))
     })
 }
 
@@ -180,16 +184,16 @@ fn grouped_mm_backward<'py>(
     need_b: bool,
 ) -> PyResult<Grads<'py, PyAny>> {
     guard(|| {
-        let mut mem = PyMem::new(py);
-        let a = mem.reference("a", a)?;
-        let grad = mem.input(&"grad", grad)?;
-        let b = mem.input(&"b", b)?;
-        let offs = mem.offs(offs)?;
+        let mut rt = PyRuntime::new(py);
+        let a = rt.reference("a", a)?;
+        let grad = rt.input(&"grad", grad)?;
+        let b = rt.input(&"b", b)?;
+        let offs = rt.offs(offs)?;
         // SAFETY: as in grouped_mm.
         unsafe {
-            exec::packed_backward(&mut mem, &grad, &a, &b, offs.as_ref(), need_a, need_b, None)
+            exec::packed_backward(&mut rt, &grad, &a, &b, offs.as_ref(), need_a, need_b, None)
         }
-        .map_err(|e| mem.raise(e))
+        .map_err(|e| rt.raise(e))
     })
 }
 
@@ -204,25 +208,25 @@ fn grouped_mm_list<'py>(
     out: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyList>> {
     guard(|| {
-        let mut mem = PyMem::new(py);
-        let a = inputs(&mut mem, "As", a_list)?;
-        let b = inputs(&mut mem, "Bs", b_list)?;
+        let mut rt = PyRuntime::new(py);
+        let a = inputs(&mut rt, "As", a_list)?;
+        let b = inputs(&mut rt, "Bs", b_list)?;
         let outs = match not_none(out) {
             Some(o) => Some(
                 items("out", o)?
                     .iter()
                     .enumerate()
-                    .map(|(i, x)| mem.output(&Item("out", i), x))
+                    .map(|(i, x)| rt.output(&Item("out", i), x))
                     .collect::<PyResult<Vec<_>>>()?,
             ),
             None => None,
         };
         let od = match a.first() {
-            Some(first) => Some(resolve_out_dtype(py, mem.kind(), first.dtype, out_dtype)?),
+            Some(first) => Some(resolve_out_dtype(py, rt.kind(), first.dtype, out_dtype)?),
             None => None,
         };
         // SAFETY: as in grouped_mm.
-        let outs = unsafe { exec::list(&mut mem, &a, &b, od, outs) }.map_err(|e| mem.raise(e))?;
+        let outs = unsafe { exec::list(&mut rt, &a, &b, od, outs) }.map_err(|e| rt.raise(e))?;
         PyList::new(py, outs)
     })
 }
@@ -239,66 +243,153 @@ fn grouped_mm_list_backward<'py>(
     need_b: bool,
 ) -> PyResult<Grads<'py, PyList>> {
     guard(|| {
-        let mut mem = PyMem::new(py);
-        let a = inputs(&mut mem, "As", a_list)?;
-        let b = inputs(&mut mem, "Bs", b_list)?;
-        let g = inputs(&mut mem, "grads", grads)?;
+        let mut rt = PyRuntime::new(py);
+        let a = inputs(&mut rt, "As", a_list)?;
+        let b = inputs(&mut rt, "Bs", b_list)?;
+        let g = inputs(&mut rt, "grads", grads)?;
         // SAFETY: as in grouped_mm.
-        let (da, db) = unsafe { exec::list_backward(&mut mem, &g, &a, &b, need_a, need_b, None) }
-            .map_err(|e| mem.raise(e))?;
+        let (da, db) = unsafe { exec::list_backward(&mut rt, &g, &a, &b, need_a, need_b, None) }
+            .map_err(|e| rt.raise(e))?;
         let list = |v: Option<Vec<Bound<'py, PyAny>>>| v.map(|v| PyList::new(py, v)).transpose();
         Ok((list(da)?, list(db)?))
     })
 }
 
-/// One row op of the MoE glue (`crate::exec::rows`) into the caller's `out`: `op` is
-/// "swiglu", "swiglu_backward", "gather_sum", "scatter_rows" or "row_dots".
-#[pyfunction]
-#[pyo3(signature = (op, out, x, y=None, index=None, weights=None))]
-fn moe_rows<'py>(
+/// Runs one row op of the MoE glue (`crate::exec::rows`) on the arguments `read` reads
+/// into `rt`; returns its fresh output.
+fn row_op<'py>(
     py: Python<'py>,
-    op: &str,
-    out: &Bound<'py, PyAny>,
-    x: &Bound<'py, PyAny>,
-    y: Option<&Bound<'py, PyAny>>,
-    index: Option<&Bound<'py, PyAny>>,
-    weights: Option<&Bound<'py, PyAny>>,
-) -> PyResult<()> {
-    use exec::ffi::RowsOp;
+    read: impl FnOnce(&mut PyRuntime<'py>) -> PyResult<RowArgs>,
+) -> PyResult<Bound<'py, PyAny>> {
     guard(|| {
-        let op = match op {
-            "swiglu" => RowsOp::Swiglu,
-            "swiglu_backward" => RowsOp::SwigluBackward,
-            "gather_sum" => RowsOp::GatherSum,
-            "scatter_rows" => RowsOp::ScatterRows,
-            "row_dots" => RowsOp::RowDots,
-            _ => {
-                return Err(Error::Value(format!(
-                    "op: expected one of swiglu, swiglu_backward, gather_sum, scatter_rows, \
-                     row_dots, found {op:?}"
-                ))
-                .into())
+        let mut rt = PyRuntime::new(py);
+        let a = read(&mut rt)?;
+        let call = a.call();
+        // SAFETY: the descriptions are of the argument objects, alive for the call.
+        unsafe { exec::rows::run(&mut rt, call) }.map_err(|e| rt.raise(e))
+    })
+}
+
+/// The arguments of a row op as read (owned), in the order of [`exec::rows::RowsCall`].
+enum RowArgs {
+    Swiglu(exec::Tensor),
+    SwigluBackward(exec::Tensor, exec::Tensor),
+    GatherSum(exec::Tensor, exec::IntTensor, Option<exec::Tensor>),
+    ScatterRows(exec::Tensor, exec::IntTensor, Option<exec::Tensor>, usize),
+    RowDots(exec::Tensor, exec::Tensor, exec::IntTensor, DType),
+}
+
+impl RowArgs {
+    fn call(&self) -> exec::rows::RowsCall<'_> {
+        use exec::rows::RowsCall as C;
+        match self {
+            RowArgs::Swiglu(pre) => C::Swiglu { pre },
+            RowArgs::SwigluBackward(grad, pre) => C::SwigluBackward { grad, pre },
+            RowArgs::GatherSum(y, inverse, w) => C::GatherSum {
+                y,
+                inverse,
+                weights: w.as_ref(),
+            },
+            RowArgs::ScatterRows(grad, inverse, w, rows) => C::ScatterRows {
+                grad,
+                inverse,
+                weights: w.as_ref(),
+                rows: *rows,
+            },
+            RowArgs::RowDots(grad, y, inverse, out_dtype) => C::RowDots {
+                grad,
+                y,
+                inverse,
+                out_dtype: *out_dtype,
+            },
+        }
+    }
+}
+
+/// Reads the optional router weights.
+fn weights<'py>(
+    rt: &mut PyRuntime<'py>,
+    w: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Option<exec::Tensor>> {
+    not_none(w).map(|t| rt.input(&"weights", t)).transpose()
+}
+
+/// `silu(gate) * up` of `pre = [gate | up]` (`[R, 2F]` → `[R, F]`).
+#[pyfunction]
+fn swiglu<'py>(py: Python<'py>, pre: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    row_op(py, |rt| Ok(RowArgs::Swiglu(rt.reference("pre", pre)?)))
+}
+
+/// `[d gate | d up]` of `swiglu` from its output gradient `grad [R, F]`.
+#[pyfunction]
+fn swiglu_backward<'py>(
+    py: Python<'py>,
+    grad: &Bound<'py, PyAny>,
+    pre: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    row_op(py, |rt| {
+        let grad = rt.reference("grad", grad)?;
+        Ok(RowArgs::SwigluBackward(grad, rt.input(&"pre", pre)?))
+    })
+}
+
+/// `out[t] = sum_j weights[t, j] * y[inverse[t, j]]` (weight 1 without `weights`).
+#[pyfunction]
+#[pyo3(signature = (y, inverse, weights=None))]
+fn gather_sum<'py>(
+    py: Python<'py>,
+    y: &Bound<'py, PyAny>,
+    inverse: &Bound<'py, PyAny>,
+    weights: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    row_op(py, |rt| {
+        let y = rt.reference("y", y)?;
+        let inverse = rt.index("inverse", inverse)?;
+        Ok(RowArgs::GatherSum(y, inverse, self::weights(rt, weights)?))
+    })
+}
+
+/// `out[inverse[t, j]] = weights[t, j] * grad[t]` into `[rows, D]`, written row by row
+/// (zeros for rows no index names).
+#[pyfunction]
+#[pyo3(signature = (grad, inverse, weights, rows))]
+fn scatter_rows<'py>(
+    py: Python<'py>,
+    grad: &Bound<'py, PyAny>,
+    inverse: &Bound<'py, PyAny>,
+    weights: Option<&Bound<'py, PyAny>>,
+    rows: usize,
+) -> PyResult<Bound<'py, PyAny>> {
+    row_op(py, |rt| {
+        let grad = rt.reference("grad", grad)?;
+        let inverse = rt.index("inverse", inverse)?;
+        let w = self::weights(rt, weights)?;
+        Ok(RowArgs::ScatterRows(grad, inverse, w, rows))
+    })
+}
+
+/// `out[t, j] = <grad[t], y[inverse[t, j]]>` as `out_dtype` (`grad`'s dtype or float32).
+#[pyfunction]
+#[pyo3(signature = (grad, y, inverse, out_dtype=None))]
+fn row_dots<'py>(
+    py: Python<'py>,
+    grad: &Bound<'py, PyAny>,
+    y: &Bound<'py, PyAny>,
+    inverse: &Bound<'py, PyAny>,
+    out_dtype: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    row_op(py, |rt| {
+        let grad = rt.reference("grad", grad)?;
+        let y = rt.input(&"y", y)?;
+        let inverse = rt.index("inverse", inverse)?;
+        let od = match not_none(out_dtype) {
+            None => grad.dtype,
+            Some(od) => {
+                let found = dtype_of(py, rt.kind(), od)?;
+                shape::resolve_out_dtype_or_f32(grad.dtype, found, od.str()?)?
             }
         };
-        let mut mem = PyMem::new(py);
-        let x = mem.reference("x", x)?;
-        let y = not_none(y).map(|t| mem.input(&"y", t)).transpose()?;
-        let index = mem.int32("inverse", index)?;
-        let weights = not_none(weights)
-            .map(|t| mem.input(&"weights", t))
-            .transpose()?;
-        let (_, out) = mem.output(&"out", out)?;
-        let call = exec::rows::RowsCall {
-            op,
-            x: &x,
-            y: y.as_ref(),
-            index: index.as_ref(),
-            weights: weights.as_ref(),
-            out: &out,
-        };
-        // SAFETY: the descriptions are of the argument objects, alive for the call; the
-        // Python caller allocates `out` fresh.
-        unsafe { exec::rows::run(&mut mem, &call) }.map_err(|e| mem.raise(e))
+        Ok(RowArgs::RowDots(grad, y, inverse, od))
     })
 }
 
@@ -312,8 +403,8 @@ fn packed_out_shape(
     offs_len: Option<usize>,
 ) -> PyResult<Vec<usize>> {
     guard(|| {
-        let la = shape::Layout::contiguous(&a_shape);
-        let lb = shape::Layout::contiguous(&b_shape);
+        let la = Layout::contiguous(&a_shape);
+        let lb = Layout::contiguous(&b_shape);
         Ok(shape::plan_packed(&la, &lb, offs_len)?.out_shape)
     })
 }
@@ -326,14 +417,8 @@ fn list_out_shapes(
     b_shapes: Vec<Vec<usize>>,
 ) -> PyResult<Vec<Vec<usize>>> {
     guard(|| {
-        let la: Vec<_> = a_shapes
-            .iter()
-            .map(|s| shape::Layout::contiguous(s))
-            .collect();
-        let lb: Vec<_> = b_shapes
-            .iter()
-            .map(|s| shape::Layout::contiguous(s))
-            .collect();
+        let la: Vec<_> = a_shapes.iter().map(|s| Layout::contiguous(s)).collect();
+        let lb: Vec<_> = b_shapes.iter().map(|s| Layout::contiguous(s)).collect();
         Ok(shape::plan_list(&la, &lb)?
             .iter()
             .map(|d| vec![d.m, d.n])
@@ -380,7 +465,11 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(grouped_mm_list, m)?)?;
     m.add_function(wrap_pyfunction!(grouped_mm_list_backward, m)?)?;
     m.add_function(wrap_pyfunction!(gather_mm, m)?)?;
-    m.add_function(wrap_pyfunction!(moe_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(swiglu, m)?)?;
+    m.add_function(wrap_pyfunction!(swiglu_backward, m)?)?;
+    m.add_function(wrap_pyfunction!(gather_sum, m)?)?;
+    m.add_function(wrap_pyfunction!(scatter_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(row_dots, m)?)?;
     m.add_function(wrap_pyfunction!(packed_out_shape, m)?)?;
     m.add_function(wrap_pyfunction!(list_out_shapes, m)?)?;
     m.add_function(wrap_pyfunction!(build_info, m)?)?;

@@ -5,7 +5,7 @@
 
 use crate::error::Error;
 use crate::exec::Device;
-use crate::shape::Layout;
+use crate::layout::Layout;
 use crate::DType;
 use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::intern;
@@ -20,8 +20,12 @@ pub(crate) struct Torch {
     /// float16, bfloat16, float32, float64 (order of [`dtype_index`]).
     pub dtypes: [Py<PyAny>; 4],
     pub int32: Py<PyAny>,
+    pub int64: Py<PyAny>,
+    pub bool_: Py<PyAny>,
     #[cfg_attr(not(groupmm_cuda), allow(dead_code))]
     pub uint8: Py<PyAny>,
+    /// `torch.contiguous_format`.
+    pub contiguous_format: Py<PyAny>,
     #[cfg_attr(not(groupmm_cuda), allow(dead_code))]
     pub empty: Py<PyAny>,
     /// `torch._C._cuda_getCurrentRawStream(device) -> int`, when torch has CUDA.
@@ -69,7 +73,10 @@ impl Torch {
                     get("float64")?,
                 ],
                 int32: get("int32")?,
+                int64: get("int64")?,
+                bool_: get("bool")?,
                 uint8: get("uint8")?,
+                contiguous_format: get("contiguous_format")?,
                 empty: get("empty")?,
                 raw_stream: c
                     .getattr("_cuda_getCurrentRawStream")
@@ -110,6 +117,18 @@ impl Kind {
     }
 }
 
+/// What an array argument must hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Want {
+    /// A float dtype groupmm supports.
+    Float,
+    /// int32 (`offs`).
+    Int32,
+    /// Any integer dtype (an index, `src` or `inverse`; the engine has it converted to
+    /// int32 unless it is).
+    Index,
+}
+
 /// One array argument, read once.
 pub(crate) struct Arg<'py> {
     /// The object (for numpy, an aligned copy when the original was not aligned).
@@ -118,8 +137,10 @@ pub(crate) struct Arg<'py> {
     /// Address of element `[0, ...]`.
     pub ptr: usize,
     pub layout: Layout,
-    /// `None` for int32 (offs).
+    /// `None` for an integer argument.
     pub dtype: Option<DType>,
+    /// An integer argument of dtype int32.
+    pub int32: bool,
     pub device: Device,
 }
 
@@ -151,28 +172,52 @@ pub(crate) fn kind_of(
     .into())
 }
 
-/// Reads a float tensor/array argument (`int32 = false`) or an int32 offsets argument.
+/// Reads an array argument holding what `want` says.
 pub(crate) fn read<'py>(
     py: Python<'py>,
     name: &dyn Display,
     obj: &Bound<'py, PyAny>,
-    int32: bool,
+    want: Want,
 ) -> PyResult<Arg<'py>> {
     match kind_of(py, name, obj)? {
-        Kind::Torch => read_torch(py, name, obj, int32),
-        Kind::Numpy => read_numpy(py, name, obj, int32),
+        Kind::Torch => read_torch(py, name, obj, want),
+        Kind::Numpy => read_numpy(py, name, obj, want),
     }
+}
+
+/// The message for an index argument of a non-integer dtype.
+fn not_an_index(name: &dyn Display, found: impl Display) -> PyErr {
+    Error::Dtype(format!(
+        "{name}: expected an integer dtype (int32, or int64 converted once), found {found}"
+    ))
+    .into()
+}
+
+/// Whether the torch dtype `dt` is an integer type (not bool), and int32.
+fn torch_int(py: Python<'_>, t: &Torch, dt: &Bound<'_, PyAny>) -> PyResult<(bool, bool)> {
+    if dt.is(t.int32.bind(py)) {
+        return Ok((true, true));
+    }
+    if dt.is(t.int64.bind(py)) {
+        return Ok((true, false));
+    }
+    let flag = |n| -> PyResult<bool> { dt.getattr(n)?.extract() };
+    let int = !flag(intern!(py, "is_floating_point"))?
+        && !flag(intern!(py, "is_complex"))?
+        && !dt.is(t.bool_.bind(py));
+    Ok((int, false))
 }
 
 fn read_torch<'py>(
     py: Python<'py>,
     name: &dyn Display,
     obj: &Bound<'py, PyAny>,
-    int32: bool,
+    want: Want,
 ) -> PyResult<Arg<'py>> {
     let t = Torch::get(py)?.expect("a tensor implies torch is imported");
     let dt = obj.getattr(intern!(py, "dtype"))?;
-    let dtype = if int32 {
+    let mut int32 = false;
+    let dtype = if want == Want::Int32 {
         if !dt.is(t.int32.bind(py)) {
             return Err(Error::Dtype(format!(
                 "{name}: expected dtype torch.int32, found {}",
@@ -180,6 +225,14 @@ fn read_torch<'py>(
             ))
             .into());
         }
+        int32 = true;
+        None
+    } else if want == Want::Index {
+        let (int, is_i32) = torch_int(py, t, &dt)?;
+        if !int {
+            return Err(not_an_index(name, dt.str()?));
+        }
+        int32 = is_i32;
         None
     } else {
         match t.dtype_of(py, &dt) {
@@ -212,6 +265,7 @@ fn read_torch<'py>(
         ptr,
         layout,
         dtype,
+        int32,
         device,
     })
 }
@@ -229,17 +283,23 @@ fn read_numpy<'py>(
     py: Python<'py>,
     name: &dyn Display,
     obj: &Bound<'py, PyAny>,
-    int32: bool,
+    want: Want,
 ) -> PyResult<Arg<'py>> {
     let mut arr = obj.cast::<PyUntypedArray>()?.clone();
     let descr = arr.dtype();
-    let dtype = if int32 {
-        if !descr.is_equiv_to(&numpy::dtype::<i32>(py)) {
+    let int32 = descr.is_equiv_to(&numpy::dtype::<i32>(py));
+    let dtype = if want == Want::Int32 {
+        if !int32 {
             return Err(Error::Dtype(format!(
                 "{name}: expected dtype int32, found {}",
                 descr.str()?
             ))
             .into());
+        }
+        None
+    } else if want == Want::Index {
+        if !matches!(descr.kind(), b'i' | b'u') {
+            return Err(not_an_index(name, descr.str()?));
         }
         None
     } else if descr.is_equiv_to(&numpy::dtype::<f64>(py)) {
@@ -261,24 +321,31 @@ fn read_numpy<'py>(
             .call_method0(intern!(py, "copy"))?
             .cast_into::<PyUntypedArray>()?;
     }
-    let es = dtype.map(DType::size).unwrap_or(4) as isize;
-    let shape = arr.shape().to_vec();
-    let strides: Vec<isize> = arr.strides().iter().map(|&s| s / es).collect();
-    if arr.strides().iter().any(|&s| s % es != 0) {
-        return Err(Error::Value(format!(
-            "{name}: strides {:?} bytes are not multiples of the element size",
-            arr.strides()
-        ))
-        .into());
-    }
-    // SAFETY: `as_array_ptr` points at a live PyArrayObject owned by `arr`.
-    let ptr = unsafe { (*arr.as_array_ptr()).data } as usize;
+    let (ptr, layout) = numpy_memory(&arr).map_err(|strides| {
+        PyErr::from(Error::Value(format!(
+            "{name}: strides {strides:?} bytes are not multiples of the element size"
+        )))
+    })?;
     Ok(Arg {
         obj: arr.into_any(),
         kind: Kind::Numpy,
         ptr,
-        layout: Layout::new(&shape, &strides),
+        layout,
         dtype,
+        int32: dtype.is_none() && int32,
         device: Device::Cpu,
     })
+}
+
+/// Address, shape and strides (in elements) of a numpy array, or its byte strides when
+/// they are not multiples of the element size.
+pub(crate) fn numpy_memory(arr: &Bound<'_, PyUntypedArray>) -> Result<(usize, Layout), Vec<isize>> {
+    let es = arr.dtype().itemsize().max(1) as isize;
+    if arr.strides().iter().any(|&s| s % es != 0) {
+        return Err(arr.strides().to_vec());
+    }
+    let strides: Vec<isize> = arr.strides().iter().map(|&s| s / es).collect();
+    // SAFETY: `as_array_ptr` points at a live PyArrayObject owned by `arr`.
+    let ptr = unsafe { (*arr.as_array_ptr()).data } as usize;
+    Ok((ptr, Layout::new(arr.shape(), &strides)))
 }

@@ -1,7 +1,7 @@
-"""The GroupedM product with gathered rows, ``_native.gather_mm(x, w, offs, index)``:
-``out[r] = x[index[r]] @ w[g]`` for the rows ``r`` of group ``g`` — the MoE forward on
+"""The GroupedM product with gathered rows, ``_native.gather_mm(x, w, offs, src)``:
+``out[r] = x[src[r]] @ w[g]`` for the rows ``r`` of group ``g`` — the MoE forward on
 tokens in token order (``groupmm.fused.expert_up``). groupmm's varlen kernel can read the
-rows through ``index`` with cp.async (cuda/kernels/varlen_sm90.cuh); elsewhere, and on
+rows through ``src`` with cp.async (cuda/kernels/varlen_sm90.cuh); elsewhere, and on
 the CPU, the rows are gathered first; on Hopper too unless GROUPMM_SM90_GATHER=1, since
 gathering first measured faster. Both against a float64 reference written with torch
 indexing: group sizes at every residue modulo the 128-row tile, K not a multiple of 64 (and
@@ -28,14 +28,14 @@ def ends(counts, device):
     return torch.tensor(counts, device=device).cumsum(0).to(torch.int32)
 
 
-def ref(x, w, offs, index):
-    """float64: rows of group g gather x through index; rows whose index is out of range
+def ref(x, w, offs, src):
+    """float64: rows of group g gather x through src; rows whose src is out of range
     and rows past the last group are zero."""
     x, w = x.double(), w.double()
-    R, N = index.shape[0], w.shape[2]
+    R, N = src.shape[0], w.shape[2]
     a = torch.zeros(R, x.shape[1], dtype=F64, device=x.device)
-    ok = (index >= 0) & (index < x.shape[0])
-    a[ok] = x[index[ok].long()]
+    ok = (src >= 0) & (src < x.shape[0])
+    a[ok] = x[src[ok].long()]
     out = torch.zeros(R, N, dtype=F64, device=x.device)
     start = 0
     for g, end in enumerate(offs.tolist()):
@@ -54,14 +54,14 @@ def check(out, expect, dtype, past=0):
 
 
 def routing(T, sizes, past, device, gen, bad=0):
-    """index [R]: token ids (repeats allowed), `bad` of them out of range."""
+    """src [R]: token ids (repeats allowed), `bad` of them out of range."""
     R = sum(sizes) + past
-    index = torch.randint(0, T, (R,), generator=gen, dtype=torch.int32)
+    src = torch.randint(0, T, (R,), generator=gen, dtype=torch.int32)
     if bad:
         pos = torch.randperm(R, generator=gen)[:bad]
-        index[pos[: bad // 2]] = -3
-        index[pos[bad // 2 :]] = T + 5
-    return index.to(device)
+        src[pos[: bad // 2]] = -3
+        src[pos[bad // 2 :]] = T + 5
+    return src.to(device)
 
 
 def hopper():
@@ -80,11 +80,11 @@ def test_every_dtype(device, dtype):
     T, K, N = 11, 24, 16
     x = torch.randn(T, K, generator=gen, dtype=F64).to(device, dtype)
     w = torch.randn(len(sizes), K, N, generator=gen, dtype=F64).to(device, dtype)
-    index = routing(T, sizes, 4, device, gen, bad=4)
+    src = routing(T, sizes, 4, device, gen, bad=4)
     offs = ends(sizes, device)
-    out = _native.gather_mm(x, w, offs, index)
-    assert out.shape == (index.shape[0], N) and out.dtype == dtype
-    check(out, ref(x, w, offs, index), dtype, past=4)
+    out = _native.gather_mm(x, w, offs, src)
+    assert out.shape == (src.shape[0], N) and out.dtype == dtype
+    check(out, ref(x, w, offs, src), dtype, past=4)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -96,14 +96,16 @@ def test_float32_output_strided_x_and_transposed_weights(device):
     x = base[:, 3 : 3 + K]  # row stride K + 8, unaligned start
     w = torch.randn(len(sizes), N, K, generator=gen, dtype=F64).to(device, torch.bfloat16)
     w = w.transpose(1, 2)
-    index = routing(T, sizes, 0, device, gen)
+    src = routing(T, sizes, 0, device, gen)
     offs = ends(sizes, device)
-    out = _native.gather_mm(x, w, offs, index, torch.float32)
+    out = _native.gather_mm(x, w, offs, src, torch.float32)
     assert out.dtype == torch.float32
-    check(out, ref(x, w, offs, index), torch.bfloat16)
-    # a non-contiguous index reads the same rows
-    wide = torch.stack([index, torch.zeros_like(index)], 1)[:, 0]
+    check(out, ref(x, w, offs, src), torch.bfloat16)
+    # a non-contiguous src, and an int64 one, read the same rows (converted once)
+    wide = torch.stack([src, torch.zeros_like(src)], 1)[:, 0]
     assert torch.equal(_native.gather_mm(x, w, offs, wide, torch.float32), out)
+    assert torch.equal(_native.gather_mm(x, w, offs, src.long(), torch.float32), out)
+    assert torch.equal(_native.gather_mm(x, w, offs, wide.long(), torch.float32), out)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -112,11 +114,11 @@ def test_empty_cases(device):
     w = torch.randn(3, 8, 5, device=device)
     none = torch.zeros(0, dtype=torch.int32, device=device)
     assert _native.gather_mm(x, w, ends([0, 0, 0], device), none).shape == (0, 5)
-    index = torch.tensor([1, 2, 3], dtype=torch.int32, device=device)
-    out = _native.gather_mm(x, w, ends([0, 0, 0], device), index)
+    src = torch.tensor([1, 2, 3], dtype=torch.int32, device=device)
+    out = _native.gather_mm(x, w, ends([0, 0, 0], device), src)
     assert torch.equal(out, torch.zeros(3, 5, device=device))  # no group owns a row
     empty_x = torch.randn(0, 8, device=device)
-    out = _native.gather_mm(empty_x, w, ends([1, 1, 1], device), index)  # every id out of range
+    out = _native.gather_mm(empty_x, w, ends([1, 1, 1], device), src)  # every id out of range
     assert torch.equal(out, torch.zeros(3, 5, device=device))
 
 
@@ -124,19 +126,19 @@ def test_errors():
     x = torch.randn(4, 8)
     w = torch.randn(2, 8, 5)
     offs = ends([1, 2], "cpu")
-    index = torch.tensor([0, 1, 2], dtype=torch.int32)
+    src = torch.tensor([0, 1, 2], dtype=torch.int32)
     with pytest.raises(ValueError, match="x: expected a 2-D tensor"):
-        _native.gather_mm(x[None], w, offs, index)
+        _native.gather_mm(x[None], w, offs, src)
     with pytest.raises(ValueError, match=r"w: expected 3-D weights \[G, K=8, N\]"):
-        _native.gather_mm(x, torch.randn(2, 7, 5), offs, index)
-    with pytest.raises(ValueError, match="index: expected a 1-D tensor"):
-        _native.gather_mm(x, w, offs, index[None])
-    with pytest.raises(TypeError, match="index"):
-        _native.gather_mm(x, w, offs, index.long())
+        _native.gather_mm(x, torch.randn(2, 7, 5), offs, src)
+    with pytest.raises(ValueError, match="src: expected a 1-D tensor"):
+        _native.gather_mm(x, w, offs, src[None])
+    with pytest.raises(TypeError, match="src: expected an integer dtype"):
+        _native.gather_mm(x, w, offs, src.float())
     with pytest.raises(TypeError, match="w: expected dtype torch.float32"):
-        _native.gather_mm(x, w.double(), offs, index)
+        _native.gather_mm(x, w.double(), offs, src)
     with pytest.raises(ValueError, match="offs"):
-        _native.gather_mm(x, w, ends([1, 2, 3], "cpu"), index)
+        _native.gather_mm(x, w, ends([1, 2, 3], "cpu"), src)
 
 
 # ------------------------------------------------------------------------ CUDA boundaries
@@ -159,11 +161,11 @@ def test_residues_on_the_gpu(dtype, k_major, K):
         w = w.transpose(1, 2)
     else:
         w = torch.randn(len(sizes), K, N, generator=gen, dtype=F64).to("cuda", dtype)
-    index = routing(T, sizes, past, "cuda", gen, bad=10)
+    src = routing(T, sizes, past, "cuda", gen, bad=10)
     offs = ends(sizes, "cuda")
-    out = _native.gather_mm(x, w, offs, index)
-    check(out, ref(x, w, offs, index), dtype, past=past)
-    assert torch.equal(out, _native.gather_mm(x, w, offs, index)), "not deterministic"
+    out = _native.gather_mm(x, w, offs, src)
+    check(out, ref(x, w, offs, src), dtype, past=past)
+    assert torch.equal(out, _native.gather_mm(x, w, offs, src)), "not deterministic"
 
 
 @pytest.mark.cuda
@@ -174,9 +176,9 @@ def test_many_groups_and_one_group():
     x = torch.randn(T, K, generator=gen, dtype=F64).to("cuda", torch.bfloat16)
     for sizes in ([int(v) for v in torch.randint(0, 9, (1024,), generator=gen)], [0, 0, 777, 0]):
         w = torch.randn(len(sizes), K, N, generator=gen, dtype=F64).to("cuda", torch.bfloat16)
-        index = routing(T, sizes, 3, "cuda", gen)
+        src = routing(T, sizes, 3, "cuda", gen)
         offs = ends(sizes, "cuda")
-        check(_native.gather_mm(x, w, offs, index), ref(x, w, offs, index), torch.bfloat16, past=3)
+        check(_native.gather_mm(x, w, offs, src), ref(x, w, offs, src), torch.bfloat16, past=3)
 
 
 @pytest.mark.cuda
@@ -188,10 +190,10 @@ def test_which_kernels_run_and_graph_replay():
     G, T, K, N, R = 8, 300, 128, 256, 1000
     x = torch.randn(T, K, generator=gen, dtype=F64).to("cuda", torch.bfloat16)
     w = torch.randn(G, K, N, generator=gen, dtype=F64).to("cuda", torch.bfloat16)
-    index = routing(T, [R], 0, "cuda", gen)
+    src = routing(T, [R], 0, "cuda", gen)
     offs = ends([125] * G, "cuda")
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        _native.gather_mm(x, w, offs, index)
+        _native.gather_mm(x, w, offs, src)
         torch.cuda.synchronize()
     names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     in_gemm = hopper() and os.environ.get("GROUPMM_SM90_GATHER") == "1"
@@ -201,17 +203,17 @@ def test_which_kernels_run_and_graph_replay():
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        _native.gather_mm(x, w, offs, index)
+        _native.gather_mm(x, w, offs, src)
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        y = _native.gather_mm(x, w, offs, index)
+        y = _native.gather_mm(x, w, offs, src)
     for sizes in ([125] * G, [0, 300, 1, 0, 250, 99, 0, 350], [R] + [0] * (G - 1)):
         offs.copy_(ends(sizes, "cuda"))
-        index.copy_(routing(T, [R], 0, "cuda", gen, bad=6))
+        src.copy_(routing(T, [R], 0, "cuda", gen, bad=6))
         g.replay()
         torch.cuda.synchronize()
-        check(y, ref(x, w, offs, index), torch.bfloat16)
+        check(y, ref(x, w, offs, src), torch.bfloat16)
         first = y.clone()
         g.replay()
         torch.cuda.synchronize()

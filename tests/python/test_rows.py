@@ -151,19 +151,44 @@ def test_errors_name_the_argument():
 
     y = torch.randn(4, 3)
     inv = torch.zeros(2, 2, dtype=torch.int32)
-    with pytest.raises(ValueError, match=r"out: expected shape \[2, 3\]"):
-        _native.moe_rows("gather_sum", torch.empty(2, 4), y, None, inv)
-    with pytest.raises(TypeError, match="inverse: expected dtype torch.int32"):
-        _native.moe_rows("gather_sum", torch.empty(2, 3), y, None, inv.long())
+    with pytest.raises(ValueError, match=r"grad: expected shape \[2, 3\] \(\[rows of inverse"):
+        _native.scatter_rows(torch.randn(3, 3), inv, None, 4)
+    with pytest.raises(TypeError, match="inverse: expected an integer dtype"):
+        _native.gather_sum(y, inv.float())
     with pytest.raises(TypeError, match="weights: expected dtype torch.float32"):
-        _native.moe_rows("gather_sum", torch.empty(2, 3), y, None, inv, torch.ones(2, 2, dtype=F64))
+        _native.gather_sum(y, inv, torch.ones(2, 2, dtype=F64))
     with pytest.raises(ValueError, match="weights: expected shape"):
-        _native.moe_rows("gather_sum", torch.empty(2, 3), y, None, inv, torch.ones(2, 3))
+        _native.gather_sum(y, inv, torch.ones(2, 3))
     with pytest.raises(ValueError, match="pre: expected an even last dimension"):
-        _native.moe_rows("swiglu", torch.empty(4, 1), y)
-    with pytest.raises(ValueError, match="y: expected a contiguous tensor"):
-        _native.moe_rows("gather_sum", torch.empty(2, 2), y[:, ::2], None, inv)
-    with pytest.raises(ValueError, match="op: expected one of"):
-        _native.moe_rows("nope", torch.empty(2, 3), y)
-    with pytest.raises(TypeError, match="out: expected dtype torch.float32"):
-        _native.moe_rows("swiglu", torch.empty(4, 1, dtype=F64), torch.randn(4, 2))
+        _native.swiglu(torch.randn(4, 3))
+    with pytest.raises(ValueError, match=r"pre: expected shape \[4, 2\]"):
+        _native.swiglu_backward(torch.randn(4, 1), torch.randn(4, 3))
+    with pytest.raises(TypeError, match=r"pre: expected dtype torch.float32 \(the dtype of grad\)"):
+        _native.swiglu_backward(torch.randn(4, 1), torch.randn(4, 2, dtype=F64))
+    with pytest.raises(TypeError, match="out_dtype: expected None or the input dtype torch.float64"):
+        _native.row_dots(torch.randn(2, 3, dtype=F64), y.double(), inv, torch.float16)
+    with pytest.raises(TypeError, match="inverse: expected a torch.Tensor like y"):
+        _native.gather_sum(y, inv.numpy())
+
+
+def test_operands_normalised_by_the_extension():
+    """Strided rows are copied and any integer index converted to int32 once, in Rust;
+    numpy arrays take the same path."""
+    import numpy as np
+    from groupmm import _native
+
+    base = torch.randn(4, 6)
+    y = base[:, ::2]
+    for inv in (torch.tensor([[0, 3], [2, 2]]), torch.tensor([[0, 2], [3, 2]]).t().to(torch.int16)):
+        ref = y[inv[:, 0].long()] + y[inv[:, 1].long()]
+        torch.testing.assert_close(_native.gather_sum(y, inv), ref, rtol=0, atol=1e-6)
+        out = _native.gather_sum(y.numpy(), inv.numpy())
+        assert isinstance(out, np.ndarray)
+        np.testing.assert_allclose(out, ref.numpy(), rtol=0, atol=1e-6)
+    pre = base.t()  # [6, 4], column-major
+    gate, up = pre.chunk(2, dim=-1)
+    torch.testing.assert_close(_native.swiglu(pre), F.silu(gate) * up)
+    inv = torch.tensor([[1], [0], [3], [2]])
+    dots = _native.row_dots(y, y, inv)
+    assert dots.dtype == torch.float32
+    torch.testing.assert_close(dots, (y * y[inv[:, 0]]).sum(1, keepdim=True))

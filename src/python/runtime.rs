@@ -1,16 +1,17 @@
-//! The torch/numpy face's side of the engine: arguments read into descriptions, and the
-//! memory the engine borrows — outputs from torch's caching allocator
-//! (`like.new_empty`) or numpy, CUDA workspaces (one kept per device and stream),
-//! argument blocks uploaded from pinned memory, contiguous copies, the current stream.
+//! The torch/numpy face's side of the engine: arguments read into descriptions, and what
+//! the engine borrows from torch's (or numpy's) runtime — outputs from torch's caching
+//! allocator (`like.new_empty`) or numpy, CUDA workspaces (one kept per device and
+//! stream), argument blocks uploaded from pinned memory, contiguous and int32 copies, the
+//! current stream, the TF32 flag, and `py.detach` (the GIL released) around CPU kernels.
 //! Nothing here waits for the GPU.
 
 // In a build without CUDA the CUDA half of the memory has no caller.
 #![cfg_attr(not(groupmm_cuda), allow(dead_code))]
 
-use super::tensor::{self, Arg, Kind, Torch};
+use super::tensor::{self, Arg, Kind, Torch, Want};
 use crate::error::{Error, Result};
-use crate::exec::{Device, Memory, Offs, Output, Tensor};
-use crate::shape::Layout;
+use crate::exec::{Device, IntTensor, Output, Runtime, Tensor};
+use crate::layout::Layout;
 use crate::DType;
 use half::f16;
 use numpy::{PyArrayDyn, PyUntypedArray, PyUntypedArrayMethods};
@@ -24,7 +25,7 @@ use std::sync::Mutex;
 /// The objects of one call and the memory lent to the engine for it. Everything it
 /// keeps (copies, workspaces, argument blocks) lives until the call returns, after its
 /// launches are enqueued; torch frees such memory stream-ordered.
-pub(crate) struct PyMem<'py> {
+pub(crate) struct PyRuntime<'py> {
     py: Python<'py>,
     /// The objects behind the descriptions, indexed by `Tensor::id`.
     objs: Vec<Bound<'py, PyAny>>,
@@ -37,9 +38,9 @@ pub(crate) struct PyMem<'py> {
     raised: RefCell<Option<PyErr>>,
 }
 
-impl<'py> PyMem<'py> {
+impl<'py> PyRuntime<'py> {
     pub fn new(py: Python<'py>) -> Self {
-        PyMem {
+        PyRuntime {
             py,
             objs: Vec::new(),
             like: None,
@@ -91,7 +92,8 @@ impl<'py> PyMem<'py> {
             layout,
             dtype,
             device,
-        } = tensor::read(self.py, name, obj, false)?;
+            ..
+        } = tensor::read(self.py, name, obj, Want::Float)?;
         let id = self.register(obj);
         let t = Tensor {
             ptr,
@@ -119,29 +121,36 @@ impl<'py> PyMem<'py> {
     }
 
     /// Reads `offs` (int32), if given.
-    pub fn offs(&mut self, obj: Option<&Bound<'py, PyAny>>) -> PyResult<Option<Offs>> {
-        self.int32("offs", obj)
+    pub fn offs(&mut self, obj: Option<&Bound<'py, PyAny>>) -> PyResult<Option<IntTensor>> {
+        match obj.filter(|o| !o.is_none()) {
+            Some(o) => self.int_arg("offs", o, Want::Int32).map(Some),
+            None => Ok(None),
+        }
     }
 
-    /// Reads an int32 argument named `name` (`offs`, an index), if given.
-    pub fn int32(
+    /// Reads an index argument named `name` (`src`, `inverse`): any integer dtype, which
+    /// the engine has converted to int32 (through [`Runtime::int32`]) unless it is.
+    pub fn index(&mut self, name: &'static str, obj: &Bound<'py, PyAny>) -> PyResult<IntTensor> {
+        self.int_arg(name, obj, Want::Index)
+    }
+
+    fn int_arg(
         &mut self,
         name: &'static str,
-        obj: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<Option<Offs>> {
-        let Some(obj) = obj.filter(|o| !o.is_none()) else {
-            return Ok(None);
-        };
-        let a = tensor::read(self.py, &name, obj, true)?;
+        obj: &Bound<'py, PyAny>,
+        want: Want,
+    ) -> PyResult<IntTensor> {
+        let a = tensor::read(self.py, &name, obj, want)?;
         self.check_kind(&name, a.kind)?;
-        let (ptr, layout, device) = (a.ptr, a.layout, a.device);
+        let (ptr, layout, device, int32) = (a.ptr, a.layout, a.device, a.int32);
         let id = self.register(a.obj);
-        Ok(Some(Offs {
+        Ok(IntTensor {
             ptr,
             layout,
             device,
             id,
-        }))
+            int32,
+        })
     }
 
     /// Reads a user-supplied output (`out=`): an array of the call's kind that can be
@@ -151,7 +160,7 @@ impl<'py> PyMem<'py> {
         name: &dyn Display,
         obj: &Bound<'py, PyAny>,
     ) -> PyResult<Output<Bound<'py, PyAny>>> {
-        let a = tensor::read(self.py, name, obj, false)?;
+        let a = tensor::read(self.py, name, obj, Want::Float)?;
         let like = self.kind();
         if a.kind != like {
             return Err(Error::Type(format!(
@@ -189,6 +198,49 @@ impl<'py> PyMem<'py> {
             transposed: false,
         };
         Ok((a.obj, t))
+    }
+
+    /// A contiguous copy of the call's object `id` (`int32`: converted to int32 too),
+    /// kept for the call: torch's `.contiguous()` or `.to(int32, memory_format=...)`
+    /// (one call), numpy's `ascontiguousarray`.
+    fn converted(&mut self, id: usize, int32: bool) -> Result<(usize, Layout)> {
+        let py = self.py;
+        let obj = &self.objs[id];
+        let copy = match self.kind() {
+            Kind::Torch if !int32 => obj.call_method0(intern!(py, "contiguous")),
+            Kind::Torch => {
+                let t = self.torch()?;
+                let kw = PyDict::new(py);
+                kw.set_item(intern!(py, "memory_format"), t.contiguous_format.bind(py))
+                    .map_err(|e| self.fail(e))?;
+                obj.call_method(intern!(py, "to"), (t.int32.bind(py),), Some(&kw))
+            }
+            Kind::Numpy => {
+                let np = py.import(intern!(py, "numpy")).map_err(|e| self.fail(e))?;
+                let f = np
+                    .getattr(intern!(py, "ascontiguousarray"))
+                    .map_err(|e| self.fail(e))?;
+                if int32 {
+                    f.call1((obj, intern!(py, "int32")))
+                } else {
+                    f.call1((obj,))
+                }
+            }
+        }
+        .map_err(|e| self.fail(e))?;
+        let memory = match self.kind() {
+            Kind::Torch => tensor::torch_memory(&copy).map_err(|e| self.fail(e))?,
+            Kind::Numpy => {
+                let arr = copy
+                    .cast::<PyUntypedArray>()
+                    .map_err(|e| self.fail(e.into()))?;
+                tensor::numpy_memory(arr).map_err(|s| {
+                    Error::Value(format!("internal: a contiguous copy with strides {s:?}"))
+                })?
+            }
+        };
+        self.keep.push(copy);
+        Ok(memory)
     }
 
     fn like(&self) -> Result<&Bound<'py, PyAny>> {
@@ -252,7 +304,7 @@ fn workspaces() -> std::sync::MutexGuard<'static, Vec<CachedWorkspace>> {
     WORKSPACES.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-impl<'py> Memory for PyMem<'py> {
+impl<'py> Runtime for PyRuntime<'py> {
     type Out = Bound<'py, PyAny>;
 
     fn alloc(
@@ -307,12 +359,11 @@ impl<'py> Memory for PyMem<'py> {
     }
 
     fn contiguous(&mut self, id: usize) -> Result<(usize, Layout)> {
-        let obj = self.objs[id]
-            .call_method0(intern!(self.py, "contiguous"))
-            .map_err(|e| self.fail(e))?;
-        let (ptr, layout) = tensor::torch_memory(&obj).map_err(|e| self.fail(e))?;
-        self.keep.push(obj);
-        Ok((ptr, layout))
+        self.converted(id, false)
+    }
+
+    fn int32(&mut self, id: usize) -> Result<(usize, Layout)> {
+        self.converted(id, true)
     }
 
     fn can_transpose(&self) -> bool {

@@ -1,12 +1,18 @@
 //! CPU kernels: the per-group GEMMs of a grouped product, run in parallel over groups
-//! and tiles with rayon on `matrixmultiply`'s strided sgemm/dgemm.
+//! and tiles with rayon on `matrixmultiply`'s strided sgemm/dgemm, the decomposition of
+//! a validated product into those GEMMs (`problems`: [`packed_problems`],
+//! [`list_problems`]), and the row ops of the MoE glue (`rows`).
 //!
 //! float64 runs dgemm, float32 sgemm, both reading the operands in place through their
 //! strides. float16 and bfloat16 tiles are widened to f32, multiplied with f32
 //! accumulation and rounded once on the way out.
 
+mod problems;
+pub(crate) mod rows;
+
+pub use problems::{list_problems, packed_problems, MatRef, Problem, TAIL};
+
 use crate::dtype::{DType, Element};
-use crate::shape::Problem;
 use rayon::prelude::*;
 
 /// One GEMM on raw pointers: `C[m, n] = A[m, k] · B[k, n]` (`k == 0` writes zeros).
@@ -47,8 +53,8 @@ impl<TI, TO> Gemm<TI, TO> {
     ///
     /// # Safety
     /// Every element `p` addresses relative to the bases must lie inside the
-    /// corresponding allocation (guaranteed for problems from [`crate::shape`] built on
-    /// the same layouts).
+    /// corresponding allocation (guaranteed for problems from [`packed_problems`] or
+    /// [`list_problems`] built on the same layouts).
     pub unsafe fn from_problem(p: &Problem, a: *const TI, b: *const TI, c: *mut TO) -> Self {
         // SAFETY: offsets stay inside the allocations by the caller's contract; when
         // k == 0 the a/b pointers are never dereferenced, so wrapping_offset keeps even a
@@ -87,7 +93,7 @@ impl<TI, TO> Gemm<TI, TO> {
 /// output starts at `c`.
 ///
 /// # Safety
-/// The problems must come from [`crate::shape::packed_problems`] on the layouts of the
+/// The problems must come from [`packed_problems`] on the layouts of the
 /// allocations behind `a`, `b` and `c` (so every addressed element is in bounds), `c`
 /// must be non-overlapping and must not alias `a` or `b`.
 pub unsafe fn run_packed<TI: Element, TO: Element>(
@@ -109,7 +115,7 @@ pub unsafe fn run_packed<TI: Element, TO: Element>(
 /// and writes `c[p.group]`.
 ///
 /// # Safety
-/// As [`run_packed`], per group, with problems from [`crate::shape::list_problems`];
+/// As [`run_packed`], per group, with problems from [`list_problems`];
 /// no two outputs may overlap.
 pub unsafe fn run_list<TI: Element, TO: Element>(
     problems: &[Problem],

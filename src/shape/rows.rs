@@ -1,0 +1,243 @@
+//! The row ops of the MoE glue: the memory-bound steps around the grouped GEMMs of a
+//! routed SwiGLU expert block, each one pass over its rows. Their shapes here; dtype and
+//! device agreement by [`super::check_like`] / [`super::check_like_or_f32`] (the engine,
+//! `crate::exec::rows`, applies them).
+//!
+//! | op | operands | output |
+//! | --- | --- | --- |
+//! | [`RowsOp::Swiglu`] | `pre [R, 2F]` | `[R, F]`: `silu(gate) * up`, `pre = [gate \| up]` |
+//! | [`RowsOp::SwigluBackward`] | `grad [R, F]`, `pre [R, 2F]` | `[R, 2F]`: `[d gate \| d up]` |
+//! | [`RowsOp::GatherSum`] | `y [R, D]`, `inverse [T, k]`, `weights?` | `[T, D]`: `sum_j w[t, j] * y[inverse[t, j]]` |
+//! | [`RowsOp::ScatterRows`] | `grad [T, D]`, `inverse [T, k]`, `weights?`, `R` | `[R, D]`: `out[inverse[t, j]] = w[t, j] * grad[t]` |
+//! | [`RowsOp::RowDots`] | `grad [T, D]`, `y [R, D]`, `inverse [T, k]` | `[T, k]`: `<grad[t], y[inverse[t, j]]>` |
+//!
+//! `inverse[t, j]` is the row of the expert-ordered operand that holds token `t`'s `j`-th
+//! choice; `weights` (absent: weight 1) has its shape. An index outside `[0, R)` adds
+//! nothing and writes nothing (RowDots: 0), so no index value is an error: the CPU loops
+//! (`crate::cpu`) and the CUDA kernels (`cuda/device/rows.cu`) are bounds-safe.
+
+use super::{fmt_shape, need_ndim};
+use crate::error::{shape_err, Result};
+use crate::layout::Layout;
+
+/// Which row op; the CUDA side has the same enum (`gmm::RowsOp`, cuda/device/rows.h),
+/// which the engine maps this one to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RowsOp {
+    /// `out[r, c] = silu(pre[r, c]) * pre[r, F + c]`.
+    Swiglu,
+    /// The gradient of `Swiglu` w.r.t. `pre`, from the output gradient.
+    SwigluBackward,
+    /// `out[t] = sum_j w[t, j] * y[inverse[t, j]]`.
+    GatherSum,
+    /// `out[inverse[t, j]] = w[t, j] * grad[t]`, every row written (zeros where unnamed).
+    ScatterRows,
+    /// `out[t, j] = <grad[t], y[inverse[t, j]]>`.
+    RowDots,
+}
+
+/// The extents of a validated row op: what its loops and kernels iterate over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowsDims {
+    /// The op.
+    pub op: RowsOp,
+    /// Rows `T` of `inverse` (0 for the SwiGLU ops).
+    pub tokens: usize,
+    /// Columns `k` of `inverse` (0 for the SwiGLU ops).
+    pub top_k: usize,
+    /// Rows `R` of the expert-ordered operand.
+    pub rows: usize,
+    /// `F` for the SwiGLU ops (their `[R, 2F]` operands have twice as many), `D` for the
+    /// others.
+    pub cols: usize,
+}
+
+impl RowsDims {
+    /// The shape of the op's output.
+    pub fn out_shape(&self) -> [usize; 2] {
+        match self.op {
+            RowsOp::Swiglu => [self.rows, self.cols],
+            RowsOp::SwigluBackward => [self.rows, 2 * self.cols],
+            RowsOp::GatherSum => [self.tokens, self.cols],
+            RowsOp::ScatterRows => [self.rows, self.cols],
+            RowsOp::RowDots => [self.tokens, self.top_k],
+        }
+    }
+}
+
+/// A 2-D operand's `(rows, columns)`.
+fn matrix(name: &str, l: &Layout) -> Result<(usize, usize)> {
+    need_ndim(name, l, &[2])?;
+    Ok((l.shape[0], l.shape[1]))
+}
+
+/// `found` is `expected`, which `why` explains.
+fn expect_shape(
+    name: &str,
+    found: (usize, usize),
+    expected: (usize, usize),
+    why: &str,
+) -> Result<()> {
+    if found != expected {
+        return Err(shape_err(format!(
+            "{name}: expected shape {} ({why}), found {}",
+            fmt_shape(&[expected.0, expected.1]),
+            fmt_shape(&[found.0, found.1])
+        )));
+    }
+    Ok(())
+}
+
+/// `inverse [T, k]` and the optional `weights` of its shape: `(T, k)`.
+fn routing(inverse: &Layout, weights: Option<&Layout>) -> Result<(usize, usize)> {
+    let i = matrix("inverse", inverse)?;
+    if let Some(w) = weights {
+        expect_shape("weights", matrix("weights", w)?, i, "the shape of inverse")?;
+    }
+    Ok(i)
+}
+
+/// `swiglu(pre)`: `pre [R, 2F]`, an even number of columns `[gate | up]`.
+pub fn plan_swiglu(pre: &Layout) -> Result<RowsDims> {
+    let (rows, c) = matrix("pre", pre)?;
+    if c % 2 != 0 {
+        return Err(shape_err(format!(
+            "pre: expected an even last dimension [gate | up], found {}",
+            fmt_shape(&[rows, c])
+        )));
+    }
+    Ok(RowsDims {
+        op: RowsOp::Swiglu,
+        tokens: 0,
+        top_k: 0,
+        rows,
+        cols: c / 2,
+    })
+}
+
+/// `swiglu_backward(grad, pre)`: `grad [R, F]`, `pre [R, 2F]`.
+pub fn plan_swiglu_backward(grad: &Layout, pre: &Layout) -> Result<RowsDims> {
+    let (rows, cols) = matrix("grad", grad)?;
+    let p = matrix("pre", pre)?;
+    expect_shape(
+        "pre",
+        p,
+        (rows, 2 * cols),
+        "[rows of grad, 2 x its columns]",
+    )?;
+    Ok(RowsDims {
+        op: RowsOp::SwigluBackward,
+        tokens: 0,
+        top_k: 0,
+        rows,
+        cols,
+    })
+}
+
+/// `gather_sum(y, inverse, weights)`: `y [R, D]`, `inverse [T, k]`, `weights [T, k]`.
+pub fn plan_gather_sum(y: &Layout, inverse: &Layout, weights: Option<&Layout>) -> Result<RowsDims> {
+    let (rows, cols) = matrix("y", y)?;
+    let (tokens, top_k) = routing(inverse, weights)?;
+    Ok(RowsDims {
+        op: RowsOp::GatherSum,
+        tokens,
+        top_k,
+        rows,
+        cols,
+    })
+}
+
+/// `scatter_rows(grad, inverse, weights, rows)`: `grad [T, D]`, `inverse [T, k]`,
+/// `weights [T, k]`, an output of `rows` rows.
+pub fn plan_scatter_rows(
+    grad: &Layout,
+    inverse: &Layout,
+    weights: Option<&Layout>,
+    rows: usize,
+) -> Result<RowsDims> {
+    let g = matrix("grad", grad)?;
+    let (tokens, top_k) = routing(inverse, weights)?;
+    expect_shape("grad", g, (tokens, g.1), "[rows of inverse, D]")?;
+    Ok(RowsDims {
+        op: RowsOp::ScatterRows,
+        tokens,
+        top_k,
+        rows,
+        cols: g.1,
+    })
+}
+
+/// `row_dots(grad, y, inverse)`: `grad [T, D]`, `y [R, D]`, `inverse [T, k]`.
+pub fn plan_row_dots(grad: &Layout, y: &Layout, inverse: &Layout) -> Result<RowsDims> {
+    let g = matrix("grad", grad)?;
+    let (rows, cols) = matrix("y", y)?;
+    let (tokens, top_k) = routing(inverse, None)?;
+    expect_shape("grad", g, (tokens, cols), "[rows of inverse, columns of y]")?;
+    Ok(RowsDims {
+        op: RowsOp::RowDots,
+        tokens,
+        top_k,
+        rows,
+        cols,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn c(shape: &[usize]) -> Layout {
+        Layout::contiguous(shape)
+    }
+
+    #[test]
+    fn extents_and_output_shapes() {
+        let d = plan_swiglu(&c(&[5, 8])).unwrap();
+        assert_eq!((d.rows, d.cols, d.out_shape()), (5, 4, [5, 4]));
+        let d = plan_swiglu_backward(&c(&[5, 4]), &c(&[5, 8])).unwrap();
+        assert_eq!((d.rows, d.cols, d.out_shape()), (5, 4, [5, 8]));
+        let d = plan_gather_sum(&c(&[7, 3]), &c(&[2, 2]), Some(&c(&[2, 2]))).unwrap();
+        assert_eq!((d.tokens, d.top_k, d.rows, d.cols), (2, 2, 7, 3));
+        assert_eq!(d.out_shape(), [2, 3]);
+        let d = plan_scatter_rows(&c(&[2, 3]), &c(&[2, 2]), None, 9).unwrap();
+        assert_eq!((d.rows, d.cols, d.out_shape()), (9, 3, [9, 3]));
+        let d = plan_row_dots(&c(&[2, 3]), &c(&[7, 3]), &c(&[2, 2])).unwrap();
+        assert_eq!((d.rows, d.cols, d.out_shape()), (7, 3, [2, 2]));
+        // nothing to do is valid
+        let d = plan_gather_sum(&c(&[0, 4]), &c(&[0, 2]), None).unwrap();
+        assert_eq!(d.out_shape(), [0, 4]);
+    }
+
+    #[test]
+    fn bad_shapes_name_the_argument() {
+        let msg = |r: Result<RowsDims>| r.unwrap_err().to_string();
+        assert_eq!(
+            msg(plan_swiglu(&c(&[2, 3]))),
+            "pre: expected an even last dimension [gate | up], found [2, 3]"
+        );
+        assert_eq!(
+            msg(plan_swiglu(&c(&[6]))),
+            "pre: expected a 2-D tensor, found 1-D with shape [6]"
+        );
+        assert_eq!(
+            msg(plan_swiglu_backward(&c(&[2, 3]), &c(&[2, 5]))),
+            "pre: expected shape [2, 6] ([rows of grad, 2 x its columns]), found [2, 5]"
+        );
+        assert_eq!(
+            msg(plan_gather_sum(&c(&[4, 3]), &c(&[2, 2]), Some(&c(&[2, 3])))),
+            "weights: expected shape [2, 2] (the shape of inverse), found [2, 3]"
+        );
+        assert_eq!(
+            msg(plan_gather_sum(&c(&[4, 3]), &c(&[4]), None)),
+            "inverse: expected a 2-D tensor, found 1-D with shape [4]"
+        );
+        assert_eq!(
+            msg(plan_scatter_rows(&c(&[3, 3]), &c(&[2, 2]), None, 4)),
+            "grad: expected shape [2, 3] ([rows of inverse, D]), found [3, 3]"
+        );
+        assert_eq!(
+            msg(plan_row_dots(&c(&[2, 4]), &c(&[4, 3]), &c(&[2, 2]))),
+            "grad: expected shape [2, 3] ([rows of inverse, columns of y]), found [2, 4]"
+        );
+    }
+}
