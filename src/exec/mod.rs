@@ -184,9 +184,10 @@ pub trait Runtime {
         Err(no_cuda_memory())
     }
 
-    /// A contiguous int32 copy of the face's integer object `id`, an index of another
-    /// integer dtype, as [`Runtime::contiguous`].
-    fn int32(&mut self, _id: usize) -> Result<(usize, Layout)> {
+    /// A contiguous int32 copy of the face's integer object `id` (an index of another
+    /// integer dtype): its address (its layout: row-major, the object's shape). It must
+    /// stay alive until the call returns.
+    fn int32(&mut self, _id: usize) -> Result<usize> {
         Err(no_cuda_memory())
     }
 
@@ -743,7 +744,7 @@ fn contiguous_int32<R: Runtime>(rt: &mut R, i: &IntTensor) -> Result<IntTensor> 
     let (ptr, layout) = match (i.int32, i.layout.is_contiguous()) {
         (true, true) => return Ok(i.clone()),
         (true, false) => rt.contiguous(i.id)?,
-        (false, _) => rt.int32(i.id)?,
+        (false, _) => (rt.int32(i.id)?, Layout::contiguous(&i.layout.shape)),
     };
     Ok(IntTensor {
         ptr,

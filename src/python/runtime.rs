@@ -17,7 +17,7 @@ use half::f16;
 use numpy::{PyArrayDyn, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyTuple};
 use std::cell::RefCell;
 use std::fmt::Display;
 use std::sync::Mutex;
@@ -32,6 +32,8 @@ pub(crate) struct PyRuntime<'py> {
     /// The reference argument (`a`, `As[0]`): its name, kind and object (outputs and
     /// device memory are made `like` it, on its device).
     like: Option<(&'static str, Kind, Bound<'py, PyAny>)>,
+    /// The reference argument's dtype (outputs of that dtype need not name it).
+    like_dtype: Option<DType>,
     keep: Vec<Bound<'py, PyAny>>,
     /// A Python exception met while lending memory (e.g. torch's out-of-memory error),
     /// raised as it is instead of the engine's error that carried its message.
@@ -44,6 +46,7 @@ impl<'py> PyRuntime<'py> {
             py,
             objs: Vec::new(),
             like: None,
+            like_dtype: None,
             keep: Vec::new(),
             raised: RefCell::new(None),
         }
@@ -110,6 +113,7 @@ impl<'py> PyRuntime<'py> {
     pub fn reference(&mut self, name: &'static str, obj: &Bound<'py, PyAny>) -> PyResult<Tensor> {
         let (t, kind) = self.tensor(&name, obj)?;
         self.like = Some((name, kind, self.objs[t.id].clone()));
+        self.like_dtype = Some(t.dtype);
         Ok(t)
     }
 
@@ -200,47 +204,79 @@ impl<'py> PyRuntime<'py> {
         Ok((a.obj, t))
     }
 
-    /// A contiguous copy of the call's object `id` (`int32`: converted to int32 too),
-    /// kept for the call: torch's `.contiguous()` or `.to(int32, memory_format=...)`
-    /// (one call), numpy's `ascontiguousarray`.
-    fn converted(&mut self, id: usize, int32: bool) -> Result<(usize, Layout)> {
+    /// A contiguous copy of the call's object `id`, kept for the call: torch's
+    /// `.contiguous()`, numpy's `ascontiguousarray`.
+    fn contiguous_copy(&mut self, id: usize) -> Result<(usize, Layout)> {
         let py = self.py;
         let obj = &self.objs[id];
-        let copy = match self.kind() {
-            Kind::Torch if !int32 => obj.call_method0(intern!(py, "contiguous")),
+        let (copy, memory) = match self.kind() {
             Kind::Torch => {
-                let t = self.torch()?;
-                let kw = PyDict::new(py);
-                kw.set_item(intern!(py, "memory_format"), t.contiguous_format.bind(py))
+                let copy = obj
+                    .call_method0(intern!(py, "contiguous"))
                     .map_err(|e| self.fail(e))?;
-                obj.call_method(intern!(py, "to"), (t.int32.bind(py),), Some(&kw))
+                let memory = tensor::torch_memory(&copy).map_err(|e| self.fail(e))?;
+                (copy, memory)
             }
-            Kind::Numpy => {
-                let np = py.import(intern!(py, "numpy")).map_err(|e| self.fail(e))?;
-                let f = np
-                    .getattr(intern!(py, "ascontiguousarray"))
-                    .map_err(|e| self.fail(e))?;
-                if int32 {
-                    f.call1((obj, intern!(py, "int32")))
-                } else {
-                    f.call1((obj,))
-                }
-            }
-        }
-        .map_err(|e| self.fail(e))?;
-        let memory = match self.kind() {
-            Kind::Torch => tensor::torch_memory(&copy).map_err(|e| self.fail(e))?,
-            Kind::Numpy => {
-                let arr = copy
-                    .cast::<PyUntypedArray>()
-                    .map_err(|e| self.fail(e.into()))?;
-                tensor::numpy_memory(arr).map_err(|s| {
-                    Error::Value(format!("internal: a contiguous copy with strides {s:?}"))
-                })?
-            }
+            Kind::Numpy => self.numpy_copy(id, None)?,
         };
         self.keep.push(copy);
         Ok(memory)
+    }
+
+    /// A contiguous int32 copy of the call's integer object `id`, kept for the call: its
+    /// address. torch: `.to(torch.int32)` (contiguous for a contiguous input, else
+    /// `.contiguous()` too), the calls `_rows._index` made in Python before; numpy:
+    /// `ascontiguousarray(a, int32)`.
+    fn int32_copy(&mut self, id: usize) -> Result<usize> {
+        let py = self.py;
+        let (copy, ptr) = match self.kind() {
+            Kind::Torch => {
+                let t = self.torch()?;
+                let fail = |e| self.fail(e);
+                let mut copy = self.objs[id]
+                    .call_method1(intern!(py, "to"), (t.int32.bind(py),))
+                    .map_err(fail)?;
+                let dense = copy
+                    .call_method0(intern!(py, "is_contiguous"))
+                    .and_then(|c| c.extract::<bool>())
+                    .map_err(fail)?;
+                if !dense {
+                    copy = copy.call_method0(intern!(py, "contiguous")).map_err(fail)?;
+                }
+                let ptr = self.data_ptr(&copy)? as usize;
+                (copy, ptr)
+            }
+            Kind::Numpy => {
+                let (copy, (ptr, _)) = self.numpy_copy(id, Some(intern!(py, "int32")))?;
+                (copy, ptr)
+            }
+        };
+        self.keep.push(copy);
+        Ok(ptr)
+    }
+
+    /// `numpy.ascontiguousarray(objs[id], dtype)` and its memory.
+    fn numpy_copy(
+        &self,
+        id: usize,
+        dtype: Option<&Bound<'py, pyo3::types::PyString>>,
+    ) -> Result<(Bound<'py, PyAny>, (usize, Layout))> {
+        let py = self.py;
+        let f = py
+            .import(intern!(py, "numpy"))
+            .and_then(|np| np.getattr(intern!(py, "ascontiguousarray")))
+            .map_err(|e| self.fail(e))?;
+        let copy = match dtype {
+            Some(d) => f.call1((&self.objs[id], d)),
+            None => f.call1((&self.objs[id],)),
+        }
+        .map_err(|e| self.fail(e))?;
+        let arr = copy
+            .cast::<PyUntypedArray>()
+            .map_err(|e| self.fail(e.into()))?;
+        let memory = tensor::numpy_memory(arr)
+            .map_err(|s| Error::Value(format!("internal: a contiguous copy with strides {s:?}")))?;
+        Ok((copy, memory))
     }
 
     fn like(&self) -> Result<&Bound<'py, PyAny>> {
@@ -316,15 +352,29 @@ impl<'py> Runtime for PyRuntime<'py> {
         let py = self.py;
         let obj = match self.kind() {
             Kind::Torch => {
-                // `like.new_empty` keeps like's device (the device of every operand); we
-                // know everything about the fresh contiguous tensor but its address.
-                let t = self.torch()?;
-                let kw = PyDict::new(py);
-                kw.set_item(intern!(py, "dtype"), t.dtype_obj(py, dtype))
-                    .map_err(|e| self.fail(e))?;
-                self.like()?
-                    .call_method(intern!(py, "new_empty"), (shape.to_vec(),), Some(&kw))
-                    .map_err(|e| self.fail(e))?
+                // `like.new_empty` keeps like's device (the device of every operand) and,
+                // unless told, its dtype; we know everything about the fresh contiguous
+                // tensor but its address. The sizes go as separate ints and the dtype only
+                // when it differs (a list and a keyword cost torch's argument parser more).
+                let kw = match self.like_dtype {
+                    Some(d) if d == dtype => None,
+                    _ => {
+                        let t = self.torch()?;
+                        let kw = PyDict::new(py);
+                        kw.set_item(intern!(py, "dtype"), t.dtype_obj(py, dtype))
+                            .map_err(|e| self.fail(e))?;
+                        Some(kw)
+                    }
+                };
+                let like = self.like()?;
+                match shape {
+                    [] => like.call_method(intern!(py, "new_empty"), ((),), kw.as_ref()),
+                    _ => {
+                        let sizes = PyTuple::new(py, shape).map_err(|e| self.fail(e))?;
+                        like.call_method(intern!(py, "new_empty"), sizes, kw.as_ref())
+                    }
+                }
+                .map_err(|e| self.fail(e))?
             }
             Kind::Numpy => match dtype {
                 DType::F64 => PyArrayDyn::<f64>::zeros(py, shape, false).into_any(),
@@ -359,11 +409,11 @@ impl<'py> Runtime for PyRuntime<'py> {
     }
 
     fn contiguous(&mut self, id: usize) -> Result<(usize, Layout)> {
-        self.converted(id, false)
+        self.contiguous_copy(id)
     }
 
-    fn int32(&mut self, id: usize) -> Result<(usize, Layout)> {
-        self.converted(id, true)
+    fn int32(&mut self, id: usize) -> Result<usize> {
+        self.int32_copy(id)
     }
 
     fn can_transpose(&self) -> bool {

@@ -24,8 +24,6 @@ pub(crate) struct Torch {
     pub bool_: Py<PyAny>,
     #[cfg_attr(not(groupmm_cuda), allow(dead_code))]
     pub uint8: Py<PyAny>,
-    /// `torch.contiguous_format`.
-    pub contiguous_format: Py<PyAny>,
     #[cfg_attr(not(groupmm_cuda), allow(dead_code))]
     pub empty: Py<PyAny>,
     /// `torch._C._cuda_getCurrentRawStream(device) -> int`, when torch has CUDA.
@@ -76,7 +74,6 @@ impl Torch {
                 int64: get("int64")?,
                 bool_: get("bool")?,
                 uint8: get("uint8")?,
-                contiguous_format: get("contiguous_format")?,
                 empty: get("empty")?,
                 raw_stream: c
                     .getattr("_cuda_getCurrentRawStream")
