@@ -3,10 +3,10 @@
 //! (its rule table lists each rule, its function here and its message).
 //!
 //! Every entry point (the ndarray API, numpy, torch on CPU and on CUDA) reaches these
-//! rules through the engine (`crate::exec`), which describes operands by their
-//! [`Layout`](crate::Layout) (shape and strides in elements), dtype and device, and asks
-//! the rules once per call, before anything is allocated or launched. The rules read
-//! descriptions only, never memory (but [`check_offs`], on the values the engine read).
+//! rules through the engine (`crate::exec`), which describes operands by their [`Layout`]
+//! (shape and strides in elements), dtype and device, and asks the rules once per call,
+//! before anything is allocated or launched. The rules read descriptions only, never
+//! memory (but [`check_offs`], on the values the engine read).
 //!
 //! By topic:
 //! - this file: the wording shared by every rule ([`fmt_shape`], [`Item`]) and the rules
