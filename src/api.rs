@@ -93,7 +93,7 @@ fn offs_desc(offs: &Option<ArrayView1<'_, i32>>) -> Option<IntTensor> {
 /// An output the engine allocated (`Some`), or a caller's view it wrote (`None`).
 type Fresh<T> = Option<ArrayD<T>>;
 
-/// The memory of this face: fresh zero-filled row-major arrays of `TO`; the CPU kernels
+/// The runtime of this face: fresh zero-filled row-major arrays of `TO`; the CPU kernels
 /// run on the calling thread's rayon pool.
 struct Owned<TO>(PhantomData<TO>);
 

@@ -66,7 +66,7 @@ macro_rules! with_types {
 pub enum Device {
     /// Host memory.
     Cpu,
-    /// Runtime of the CUDA device with this index.
+    /// Memory of the CUDA device with this index.
     Cuda(i32),
 }
 
