@@ -141,8 +141,8 @@ __global__ void invert(const int32_t* inverse, int32_t* assign, int64_t n, int64
 // Row by row, so that writes stream in row order and every row is written once:
 // out[r] = w[a] * x[a / k] for the assignment a of row r, zeros for rows without one.
 template <class T, class W, int V>
-__global__ void scatter_rows(const T* x, const int32_t* assign, const W* w, T* out,
-                             int64_t top_k, int64_t rows, int64_t cols) {
+__global__ void scatter_rows(const T* x, const int32_t* assign, const W* w, T* out, int64_t top_k,
+                             int64_t rows, int64_t cols) {
   using A = Acc<T>;
   const int64_t cv = cols / V, n = rows * cv;
   for (int64_t i = first(); i < n; i += step()) {
@@ -232,8 +232,8 @@ void launch_typed(const RowsArgs& a) {
 template <class T, class W>
 void launch_vec(const RowsArgs& a) {
   constexpr int V = 16 / int(sizeof(T));
-  const bool vec = a.cols % V == 0 && aligned16(a.x) && aligned16(a.out) &&
-                   (a.y == nullptr || aligned16(a.y));
+  const bool vec =
+      a.cols % V == 0 && aligned16(a.x) && aligned16(a.out) && (a.y == nullptr || aligned16(a.y));
   if (vec) {
     launch_typed<T, W, V>(a);
   } else {

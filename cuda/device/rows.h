@@ -42,8 +42,8 @@ enum class RowsOp : uint8_t {
 
 struct RowsArgs {
   RowsOp op = RowsOp::Swiglu;
-  DType dtype = DType::BF16;    // of x, y and (but RowDots) out
-  DType w_dtype = DType::F32;   // of weights (and RowDots' out): dtype or F32
+  DType dtype = DType::BF16;   // of x, y and (but RowDots) out
+  DType w_dtype = DType::F32;  // of weights (and RowDots' out): dtype or F32
   int64_t tokens = 0, top_k = 0, rows = 0, cols = 0;
   const void* x = nullptr;
   const void* y = nullptr;
