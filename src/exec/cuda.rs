@@ -556,7 +556,10 @@ mod tests {
         let (offs, index) = (at(8192, g), at(4096, rows));
         let r = packed_request(&plan, &x, &w, Some(&offs), Some(&index), &c, (77, false)).unwrap();
         assert_eq!(r.form, ffi::Form::GroupedM);
-        assert_eq!((r.m, r.n, r.k, r.a.rows, r.fusion.src), (24, 8, 16, 10, 4096));
+        assert_eq!(
+            (r.m, r.n, r.k, r.a.rows, r.fusion.src),
+            (24, 8, 16, 10, 4096)
+        );
     }
 
     #[test]
