@@ -165,9 +165,7 @@ def scatter_rows(grad: _Rows, inverse: _Rows, weights: Optional[_Rows], rows: in
     """``out[inverse[t, j]] = weights[t, j] * grad[t]`` into ``[rows, D]``, every row
     written once (zeros for rows no index names)."""
 
-def row_dots(
-    grad: _Rows, y: _Rows, inverse: _Rows, out_dtype: Optional[Any] = None
-) -> _Rows:
+def row_dots(grad: _Rows, y: _Rows, inverse: _Rows, out_dtype: Optional[Any] = None) -> _Rows:
     """``out[t, j] = <grad[t], y[inverse[t, j]]>`` (``[T, k]``) as ``out_dtype``:
     ``grad``'s dtype (None) or float32."""
 
