@@ -15,7 +15,8 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
 fi
 "$PY" -m pip install -q "maturin>=1.7,<2" "nvidia-cutlass==4.2.0.0" "numpy>=1.21"
 if [ "${1:-}" = "--test" ]; then
-  "$PY" -m pip install -q "pytest>=7" "hypothesis>=6" "ruff>=0.5" "mypy>=1.10" matplotlib
+  "$PY" -m pip install -q "pytest>=7" "hypothesis>=6" "ruff>=0.5" "mypy>=1.10" matplotlib \
+    "clang-format==23.1.5"
   "$PY" -m pip install -q "transformers>=5.0,<6"
 fi
 echo "setup: building groupmm (release; CUDA kernels too when nvcc is found — minutes)"

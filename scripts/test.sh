@@ -17,9 +17,7 @@ echo "== ruff"; "$PY" -m ruff check python tests benches scripts examples
 "$PY" -m ruff format --check python tests benches scripts examples
 echo "== mypy (python/groupmm; settings: pyproject.toml)"; "$PY" -m mypy python/groupmm
 echo "== stubtest (python/groupmm/_native.pyi against the built extension)"
-if "$PY" -c "import mypy.stubtest" 2>/dev/null; then
-  "$PY" -m mypy.stubtest --mypy-config-file tests/stubtest/mypy.ini groupmm._native
-else
-  echo "skipped: mypy is not installed (pip install mypy)"
-fi
+"$PY" -m mypy.stubtest --mypy-config-file tests/stubtest/mypy.ini groupmm._native
+echo "== clang-format (cuda/, .clang-format)"
+find cuda -regex '.*\.\(cu\|cuh\|cc\|h\)' -print0 | xargs -0 clang-format --dry-run --Werror
 echo "== pytest"; "$PY" -m pytest -q -p no:cacheprovider tests/python

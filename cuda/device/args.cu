@@ -1,6 +1,6 @@
 // Per-group argument building on the device for the packed forms (the rules of
-// src/shape.rs: clamp_spans / packed_problems), fused with the zero fill, and the zero
-// fill of the list form. Compiled by nvcc for every listed architecture.
+// src/shape/offs.rs clamp_spans, src/cpu/problems.rs packed_problems), fused with the zero fill,
+// and the zero fill of the list form. Compiled by nvcc for every listed architecture.
 //
 // Every block of build_packed_args scans offs (a running maximum, so that for any offs
 // the group spans are in bounds, ordered and disjoint). Block 0 writes, per group g, the
@@ -144,7 +144,9 @@ __device__ void zero_rows(uintptr_t c, int64_t rows, int64_t cols, int64_t ld, i
 }
 
 struct MaxOp {
-  __device__ __forceinline__ int64_t operator()(int64_t x, int64_t y) const { return x > y ? x : y; }
+  __device__ __forceinline__ int64_t operator()(int64_t x, int64_t y) const {
+    return x > y ? x : y;
+  }
 };
 
 // Spans follow shape::clamp_spans: end_g = max(clamp(offs[0..=g], 0, extent)) (a running

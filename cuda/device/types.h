@@ -8,7 +8,7 @@ namespace gmm {
 
 enum class DType : uint8_t { F16 = 0, BF16 = 1, F32 = 2, F64 = 3 };
 
-// The packed forms of src/shape.rs (Form).
+// The packed forms of src/shape/packed.rs (Form).
 enum class Form : uint8_t { GroupedM = 0, GroupedK = 1, GroupedN = 2, Batched = 3 };
 
 inline int elem_size(DType d) {

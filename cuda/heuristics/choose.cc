@@ -26,12 +26,15 @@ struct Engines {
   Engine fallback = Engine::kSm80Any;
 };
 
-bool aligned16_inputs(DType in, DType out) { return is_16bit(in) && (out == in || out == DType::F32); }
+bool aligned16_inputs(DType in, DType out) {
+  return is_16bit(in) && (out == in || out == DType::F32);
+}
 
 Engines engines(DType in, DType out, bool allow_tf32, const DevInfo& dev) {
   if (dev.cc_major < 8) {
     throw std::runtime_error("GPU of compute capability " + std::to_string(dev.cc_major) + "." +
-                             std::to_string(dev.cc_minor) + " is not supported (groupmm needs sm_80 or newer)");
+                             std::to_string(dev.cc_minor) +
+                             " is not supported (groupmm needs sm_80 or newer)");
   }
   Engines en;
   if (aligned16_inputs(in, out)) {
@@ -45,9 +48,10 @@ Engines engines(DType in, DType out, bool allow_tf32, const DevInfo& dev) {
   } else if (in == DType::F64 && out == DType::F64) {
     en.fallback = Engine::kF64;
   } else {
-    throw std::runtime_error(std::string("unsupported dtype combination: inputs ") + dtype_name(in) + ", output " +
-                             dtype_name(out) +
-                             " (16-bit inputs give the same dtype or float32; float32 and float64 give their own)");
+    throw std::runtime_error(
+        std::string("unsupported dtype combination: inputs ") + dtype_name(in) + ", output " +
+        dtype_name(out) +
+        " (16-bit inputs give the same dtype or float32; float32 and float64 give their own)");
   }
   return en;
 }
@@ -84,14 +88,15 @@ Kernels resolve(const Engines& en, DType in, DType out, Sm90Tile tile) {
     const Sm90Tile t = en.primary == Engine::kSm90Tma ? tile : Sm90Tile::kNone;
     k.primary = find_kernel(en.primary, in, out, t);
     if (k.primary == nullptr) {
-      throw std::runtime_error(std::string("no ") + (t != Sm90Tile::kNone ? "sm90 " : "") + "kernel for inputs " +
-                               dtype_name(in) + ", output " + dtype_name(out) + " in this build");
+      throw std::runtime_error(std::string("no ") + (t != Sm90Tile::kNone ? "sm90 " : "") +
+                               "kernel for inputs " + dtype_name(in) + ", output " +
+                               dtype_name(out) + " in this build");
     }
   }
   k.fallback = find_kernel(en.fallback, in, out);
   if (k.fallback == nullptr) {
-    throw std::runtime_error(std::string("no kernel for inputs ") + dtype_name(in) + ", output " + dtype_name(out) +
-                             " in this build");
+    throw std::runtime_error(std::string("no kernel for inputs ") + dtype_name(in) + ", output " +
+                             dtype_name(out) + " in this build");
   }
   return k;
 }
@@ -99,12 +104,13 @@ Kernels resolve(const Engines& en, DType in, DType out, Sm90Tile tile) {
 // ---------------------------------------------------------------------------------------
 // The varlen kernels (groupmm's own, kernels/varlen/).
 //
-// Varlen or ptr-array (run 7, H200 and H100): the varlen kernels beat the ptr-array ones
-// (and F.grouped_mm) by 1.03-1.9x on fine-grained experts, every pass; on large experts
-// (Mixtral, 4096 rows per expert) they were 0.95-1.00x, so calls with more than
-// kVarlenMaxRows rows (tokens) per group on average stay on the ptr-array kernels.
-constexpr int64_t kVarlenMaxRows = 1024;
-
+// Varlen or ptr-array: the varlen kernels whenever they can read the call. Run 7 (H200 and
+// H100) had them 1.03-1.9x the ptr-array kernels on fine-grained experts but 0.95-1.00x on
+// 4096 rows per expert, so calls above 1024 rows per group went to the ptr-array kernels.
+// With the ping-pong configurations (run 11, H200, bench_gpu with each forced, 24 rows of
+// Mixtral (4096 rows per expert) and DeepSeek-V3 (2048) shapes, uniform and Zipf-1.2,
+// fwd/dX/dW): varlen geomean 1.05x F.grouped_mm, min 0.98; ptr-array geomean 1.00x, min 0.99.
+// No crossover up to 4096 rows per group: the threshold is gone.
 // The configuration (run 11, H200, benches/varlen_dev: 8 MoE shapes x uniform/Zipf-1.2 x
 // fwd/dX/dW, every configuration timed interleaved in one process):
 // - Ping-pong 128x192 is the best or within 2% of it on 40 of 48 rows: +1-8% over the
@@ -131,18 +137,19 @@ varlen::Config auto_config(varlen::Mode mode, int64_t n) {
 // build has it for the mode (the file comments of kernels/sm90_*_varlen_*.cu list them),
 // else the rule's.
 const KernelEntry* varlen_kernel(DType dtype, varlen::Mode mode, int64_t n) {
-  static const std::optional<varlen::Config> forced = env_choice("GROUPMM_SM90_VARLEN_CONFIG", kVarlenNames);
+  static const std::optional<varlen::Config> forced =
+      env_choice("GROUPMM_SM90_VARLEN_CONFIG", kVarlenNames);
   if (forced) {
-    if (const KernelEntry* k = find_varlen(dtype, varlen::Config{mode, forced->schedule, forced->bn, false})) return k;
+    if (const KernelEntry* k =
+            find_varlen(dtype, varlen::Config{mode, forced->schedule, forced->bn, false}))
+      return k;
   }
   return find_varlen(dtype, auto_config(mode, n));
 }
 
-bool use_varlen(const PackedCall& c) {
+bool use_varlen() {
   static const std::optional<bool> forced = env_choice("GROUPMM_SM90_VARLEN", kOnOff);
-  if (forced) return *forced;
-  const int64_t rows = c.form == Form::GroupedM ? c.m : c.k;  // rows / tokens in all
-  return c.groups == 0 || rows <= kVarlenMaxRows * c.groups;
+  return forced.value_or(true);
 }
 
 }  // namespace
@@ -163,9 +170,10 @@ PackedChoice choose_packed(const PackedCall& c, const DevInfo& dev) {
   if (sm90 && c.varlen != nullptr && varlen::can_read(*c.varlen) && c.in == c.out) {
     if (c.gather) {
       if (gather_in_gemm()) {
-        ch.varlen = find_varlen(c.in, varlen::Config{varlen::Mode::M, varlen::Schedule::Cooperative, 256, true});
+        ch.varlen = find_varlen(
+            c.in, varlen::Config{varlen::Mode::M, varlen::Schedule::Cooperative, 256, true});
       }
-    } else if (use_varlen(c)) {
+    } else if (use_varlen()) {
       ch.varlen = varlen_kernel(c.in, c.varlen->mode, c.varlen->n);
     }
     if (ch.varlen != nullptr) return ch;

@@ -2,8 +2,8 @@
 // configuration (varlen or ptr-array, tile, schedule, in-GEMM gather). One function per call
 // form, reading host-known values only (no device reads, no sync), so a launch plans once.
 // GROUPMM_SM90_* environment variables force any part of it (env.h; read once per process):
-//   GROUPMM_SM90_VARLEN         auto | 0 | 1   the varlen kernels never / whenever they can
-//   GROUPMM_SM90_VARLEN_CONFIG  auto | pp128 | pp192 | co128 | co192   varlen configuration
+//   GROUPMM_SM90_VARLEN         auto | 0 | 1   the varlen kernels never / whenever they can (auto:
+//   1) GROUPMM_SM90_VARLEN_CONFIG  auto | pp128 | pp192 | co128 | co192   varlen configuration
 //                               (where the build has it for the call's mode; else auto)
 //   GROUPMM_SM90_CONFIG         auto | 128x256 | 128x128 | ping64x128  ptr-array tile
 //   GROUPMM_SM90_GATHER         auto | 0 | 1   read gathered A rows inside the GEMM (auto: no)

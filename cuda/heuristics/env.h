@@ -28,7 +28,8 @@ std::optional<T> env_choice(const char* var, const EnvName<T> (&names)[N]) {
   }
   std::string accepted = "auto";
   for (const EnvName<T>& n : names) accepted += std::string(", ") + n.name;
-  std::fprintf(stderr, "groupmm: %s=%s not understood (%s); using auto\n", var, v, accepted.c_str());
+  std::fprintf(stderr, "groupmm: %s=%s not understood (%s); using auto\n", var, v,
+               accepted.c_str());
   return std::nullopt;
 }
 

@@ -73,8 +73,7 @@ std::unique_ptr<ListPlan> plan(const ListRequest& r, const ListGroup* groups, si
       pl->zero_max_elems = std::max(pl->zero_max_elems, m * n);
       continue;
     }
-    const bool fast = aligned_engine &&
-                      aligned16(a.ptr, a.ld, a.major == kRowMajor ? k : m, ei) &&
+    const bool fast = aligned_engine && aligned16(a.ptr, a.ld, a.major == kRowMajor ? k : m, ei) &&
                       aligned16(b.ptr, b.ld, b.major == kRowMajor ? n : k, ei) &&
                       aligned16(c.ptr, c.ld, n, eo);
     const int combo = combo_of(a.major, b.major);
@@ -132,9 +131,9 @@ ListPlanned plan_list(const ListRequest& r, const ListGroup* groups, size_t coun
 
 void write_list_args(const ListPlan& pl, uint8_t* host, size_t bytes) {
   if (bytes < pl.bytes || (pl.bytes > 0 && host == nullptr)) {
-    throw std::runtime_error("groupmm CUDA (list form): argument block too small: " +
-                             std::to_string(bytes) + " bytes given, " +
-                             std::to_string(pl.bytes) + " needed");
+    throw std::runtime_error(
+        "groupmm CUDA (list form): argument block too small: " + std::to_string(bytes) +
+        " bytes given, " + std::to_string(pl.bytes) + " needed");
   }
   // Stage through an aligned buffer when the caller's is not 16-byte aligned (the block
   // holds 8-byte pointers and ints written through typed pointers).
@@ -195,8 +194,8 @@ void launch_list(const ListPlan& pl, uint64_t device_args, uint64_t workspace,
     const GemmSet zero = set_at(uintptr_t(device_args) + pl.zero_offset, pl.zero_count);
     if (zero.count > 0 && pl.zero_max_elems > 0) {
       const int es = elem_size(pl.out);
-      cudaError_t e = launch_zero_fill(zero, es, zero_blocks(pl.zero_max_elems, es, pl.dev.sm_count),
-                                       pl.stream);
+      cudaError_t e = launch_zero_fill(
+          zero, es, zero_blocks(pl.zero_max_elems, es, pl.dev.sm_count), pl.stream);
       if (e != cudaSuccess) throw std::runtime_error(cuda_fail("zero-fill kernel launch", e));
     }
     RunCtx ctx;

@@ -25,14 +25,15 @@ void check_dim(const char* what, int64_t v) {
 
 std::string context(const PackedRequest& r) {
   return std::string("groupmm CUDA (") + form_name(r.form) + ", dtype " + dtype_name(r.dtype) +
-         ", out " + dtype_name(r.out_dtype) + ", " + std::to_string(r.groups) +
-         " groups, device " + std::to_string(r.device) + "): ";
+         ", out " + dtype_name(r.out_dtype) + ", " + std::to_string(r.groups) + " groups, device " +
+         std::to_string(r.device) + "): ";
 }
 
 // The call as the varlen kernels would read it (kernels/varlen/args.h): a GroupedM call with
 // row-major activations, or a GroupedK call with M-major A (x^T of row-major x) and row-major
 // B (dY); false for any other layout.
-bool varlen_args(const PackedRequest& r, const PackedDesc& d, const PackedPlan& pl, varlen::Args& x) {
+bool varlen_args(const PackedRequest& r, const PackedDesc& d, const PackedPlan& pl,
+                 varlen::Args& x) {
   if (r.form == Form::GroupedM && d.a.major == kRowMajor) {
     x.mode = varlen::Mode::M;
     x.b_k_major = d.b.major == kColMajor;
@@ -84,8 +85,10 @@ PackedPlan plan_packed(const PackedRequest& r, const DevInfo& dev) {
   d.a = op_desc(r.a);
   d.b = op_desc(r.b);
   d.c = op_desc(r.c);
-  d.extent = r.form == Form::GroupedM ? m : r.form == Form::GroupedK ? k
-             : r.form == Form::GroupedN ? n : 0;
+  d.extent = r.form == Form::GroupedM   ? m
+             : r.form == Form::GroupedK ? k
+             : r.form == Form::GroupedN ? n
+                                        : 0;
   if (d.c.major != kRowMajor) throw std::runtime_error("out must be row-major");
   d.offs = reinterpret_cast<const int*>(r.offs);
   if (r.form != Form::Batched && d.offs == nullptr && G > 0) {
@@ -124,8 +127,7 @@ PackedPlan plan_packed(const PackedRequest& r, const DevInfo& dev) {
       if (row_major ? cols_grouped : rows_grouped) return false;  // contiguous extent varies
       const int64_t contig = row_major ? cols : rows;
       const int64_t grouped_stride = rows_grouped ? o.rs : cols_grouped ? o.cs : 0;
-      return aligned16(o.ptr, o.ld, contig, es) && is16(o.bs * es) &&
-             is16(grouped_stride * es);
+      return aligned16(o.ptr, o.ld, contig, es) && is16(o.bs * es) && is16(grouped_stride * es);
     };
     const bool proven = provable(d.a, m, k, d.es_in, gm, gk) &&
                         provable(d.b, k, n, d.es_in, gk, gn) &&

@@ -3,8 +3,8 @@
 // types (PackedPlan behind submit_packed/launch_planned, ListPlan behind plan_list).
 #pragma once
 #include "device/args.h"
-#include "host/device.h"
 #include "heuristics/choose.h"
+#include "host/device.h"
 
 #include <cuda_runtime_api.h>
 

@@ -1,5 +1,5 @@
 // The kernel table: the KernelList of every kernels/*.cu file this build compiled, as
-// build.rs listed them in groupmm_kernel_files.inc (one GMM_KERNEL_FILE(<stem>) line per
+// build/ listed them in groupmm_kernel_files.inc (one GMM_KERNEL_FILE(<stem>) line per
 // file), and the two calls every launch goes through. Host only.
 #include "kernels/registry.h"
 
@@ -32,8 +32,9 @@ const KernelEntry* first_entry(F&& match) {
 }  // namespace
 
 const KernelEntry* find_kernel(Engine engine, DType in, DType out, Sm90Tile tile) {
-  return first_entry(
-      [&](const KernelEntry& e) { return e.engine == engine && e.in == in && e.out == out && e.tile == tile; });
+  return first_entry([&](const KernelEntry& e) {
+    return e.engine == engine && e.in == in && e.out == out && e.tile == tile;
+  });
 }
 
 const KernelEntry* find_varlen(DType dtype, const varlen::Config& config) {

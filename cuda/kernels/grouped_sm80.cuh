@@ -34,17 +34,15 @@ using Shape2x = cutlass::gemm::GemmShape<M, N, K>;
 //   alignment); AlignAB/AlignC: vector widths in elements; MathOp: arch::OpMultiplyAdd...
 //   SkipSm90: device code is left empty when compiled for sm_90+ (Hopper runs the
 //   sm_90a kernel for this case instead).
-template <class TIn, class TOut, class Acc, class LA, class LB, class OpClass, class Tb,
-          class Warp, class Inst, int Stages, int AlignAB, int AlignC, class MathOp,
-          bool SkipSm90 = false>
+template <class TIn, class TOut, class Acc, class LA, class LB, class OpClass, class Tb, class Warp,
+          class Inst, int Stages, int AlignAB, int AlignC, class MathOp, bool SkipSm90 = false>
 struct Grouped2x {
   using Epilogue = cutlass::epilogue::thread::LinearCombination<
       TOut, AlignC, Acc, Acc, cutlass::epilogue::thread::ScaleType::OnlyAlphaScaling>;
   using Kernel = typename cutlass::gemm::kernel::DefaultGemmGrouped<
-      TIn, LA, cutlass::ComplexTransform::kNone, AlignAB, TIn, LB,
-      cutlass::ComplexTransform::kNone, AlignAB, TOut, cutlass::layout::RowMajor, Acc, OpClass,
-      cutlass::arch::Sm80, Tb, Warp, Inst, Epilogue,
-      cutlass::gemm::threadblock::GemmIdentityThreadblockSwizzle<1>, Stages,
+      TIn, LA, cutlass::ComplexTransform::kNone, AlignAB, TIn, LB, cutlass::ComplexTransform::kNone,
+      AlignAB, TOut, cutlass::layout::RowMajor, Acc, OpClass, cutlass::arch::Sm80, Tb, Warp, Inst,
+      Epilogue, cutlass::gemm::threadblock::GemmIdentityThreadblockSwizzle<1>, Stages,
       cutlass::gemm::kernel::GroupScheduleMode::kDeviceOnly, MathOp>::GemmKernel;
   static constexpr bool kSkipSm90 = SkipSm90;
 };
@@ -89,8 +87,8 @@ std::string run_grouped2x(const GemmSet& s, const RunCtx& ctx, const char* name)
     }
     int n = 0;
     if (e == cudaSuccess) {
-      e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, grouped2x_kernel<Cfg>,
-                                                        K::kThreadCount, smem);
+      e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, grouped2x_kernel<Cfg>, K::kThreadCount,
+                                                        smem);
     }
     blocks_per_sm[dev] = n;
     init_err[dev] = e;
@@ -154,14 +152,14 @@ constexpr bool kSkipAligned16OnSm90 = false;
 template <class T, class TOut, bool Skip>
 struct Family16 {
   template <class LA, class LB>
-  using Aligned = Grouped2x<T, TOut, float, LA, LB, cutlass::arch::OpClassTensorOp,
-                            Shape2x<128, 128, 32>, Shape2x<64, 64, 32>, Shape2x<16, 8, 16>, 4,
-                            8, 128 / cutlass::sizeof_bits<TOut>::value,
-                            cutlass::arch::OpMultiplyAdd, Skip>;
+  using Aligned =
+      Grouped2x<T, TOut, float, LA, LB, cutlass::arch::OpClassTensorOp, Shape2x<128, 128, 32>,
+                Shape2x<64, 64, 32>, Shape2x<16, 8, 16>, 4, 8,
+                128 / cutlass::sizeof_bits<TOut>::value, cutlass::arch::OpMultiplyAdd, Skip>;
   template <class LA, class LB>
-  using Any = Grouped2x<T, TOut, float, LA, LB, cutlass::arch::OpClassTensorOp,
-                        Shape2x<128, 128, 32>, Shape2x<64, 64, 32>, Shape2x<16, 8, 16>, 2, 1, 1,
-                        cutlass::arch::OpMultiplyAdd>;
+  using Any =
+      Grouped2x<T, TOut, float, LA, LB, cutlass::arch::OpClassTensorOp, Shape2x<128, 128, 32>,
+                Shape2x<64, 64, 32>, Shape2x<16, 8, 16>, 2, 1, 1, cutlass::arch::OpMultiplyAdd>;
 };
 
 // The run entry of a 16-bit family: inputs T, outputs TOut, the aligned (multistage,
@@ -185,11 +183,11 @@ std::string run16(int combo, const GemmSet& s, const RunCtx& ctx) {
 
 // The four registry entries of a 16-bit family file: same-dtype and float32 outputs,
 // aligned and any-alignment.
-#define GMM_SM80_16BIT_KERNELS(stem, T, DT)                                              \
-  GMM_KERNEL_LIST(stem, {Engine::kSm80Aligned, DT, DT, Sm90Tile::kNone, nullptr, &run16<T, T, true>},  \
-                  {Engine::kSm80Any, DT, DT, Sm90Tile::kNone, nullptr, &run16<T, T, false>},           \
-                  {Engine::kSm80Aligned, DT, DType::F32, Sm90Tile::kNone, nullptr,                     \
-                   &run16<T, float, true>},                                               \
-                  {Engine::kSm80Any, DT, DType::F32, Sm90Tile::kNone, nullptr, &run16<T, float, false>})
+#define GMM_SM80_16BIT_KERNELS(stem, T, DT)                                                     \
+  GMM_KERNEL_LIST(                                                                              \
+      stem, {Engine::kSm80Aligned, DT, DT, Sm90Tile::kNone, nullptr, &run16<T, T, true>},       \
+      {Engine::kSm80Any, DT, DT, Sm90Tile::kNone, nullptr, &run16<T, T, false>},                \
+      {Engine::kSm80Aligned, DT, DType::F32, Sm90Tile::kNone, nullptr, &run16<T, float, true>}, \
+      {Engine::kSm80Any, DT, DType::F32, Sm90Tile::kNone, nullptr, &run16<T, float, false>})
 
 }  // namespace gmm

@@ -78,8 +78,8 @@ struct Sm90Grouped {
   static constexpr int kAlign = 128 / cutlass::sizeof_bits<T>::value;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename Cfg::Tile,
-      typename Cfg::Cluster, cutlass::epilogue::collective::EpilogueTileAuto, float, float, T,
-      LC*, kAlign, T, LC*, kAlign, typename Cfg::EpiSchedule,
+      typename Cfg::Cluster, cutlass::epilogue::collective::EpilogueTileAuto, float, float, T, LC*,
+      kAlign, T, LC*, kAlign, typename Cfg::EpiSchedule,
       cutlass::epilogue::fusion::LinearCombination<T, float, T, float>>::CollectiveOp;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, T, LA*, kAlign, T, LB*, kAlign, float,
@@ -104,8 +104,8 @@ struct Sm90Grouped {
   static typename Gemm::Arguments arguments(const GemmSet& s, const RunCtx& ctx) {
     typename Gemm::Arguments args;
     args.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
-    args.problem_shape = Problem{
-        int(s.count), as<typename Problem::UnderlyingProblemShape*>(s.prob), nullptr};
+    args.problem_shape =
+        Problem{int(s.count), as<typename Problem::UnderlyingProblemShape*>(s.prob), nullptr};
     args.mainloop.ptr_A = as<const T**>(s.a);
     args.mainloop.dA = as<StrideA*>(s.lda);
     args.mainloop.ptr_B = as<const T**>(s.b);
@@ -165,8 +165,10 @@ struct Sm90Grouped {
     // workspace initialisation of these ptr-array kernels is a no-op in CUTLASS 4.2).
     const uint64_t bit = uint64_t(1) << (ctx.device & 63);
     const bool first = (attr_set().load(std::memory_order_acquire) & bit) == 0 || ctx.device > 63;
-    st = first ? gemm.initialize(args, ctx.workspace, ctx.stream) : gemm.update(args, ctx.workspace);
-    if (st == cutlass::Status::kSuccess && first) attr_set().fetch_or(bit, std::memory_order_release);
+    st =
+        first ? gemm.initialize(args, ctx.workspace, ctx.stream) : gemm.update(args, ctx.workspace);
+    if (st == cutlass::Status::kSuccess && first)
+      attr_set().fetch_or(bit, std::memory_order_release);
     if (st != cutlass::Status::kSuccess) {
       cudaError_t e = cudaGetLastError();
       return std::string(name) + ": CUTLASS initialize failed: " + cutlassGetStatusString(st) +
@@ -220,10 +222,10 @@ struct Sm90Entry {
 // Defines the KernelList of kernels/<stem>.cu (stem = sm90_<dtype>_grouped_<config>):
 // element type T (DType DT in and out), tile configuration Cfg (Sm90Tile TILE), LABEL for
 // messages.
-#define GMM_SM90_KERNEL(stem, T, DT, TILE, Cfg, LABEL)                                  \
-  template <>                                                                           \
-  const char* Sm90Entry<T, Cfg>::label = LABEL;                                         \
-  GMM_KERNEL_LIST(stem, {Engine::kSm90Tma, DT, DT, TILE,                                \
-                         &Sm90Entry<T, Cfg>::workspace_bytes, &Sm90Entry<T, Cfg>::run})
+#define GMM_SM90_KERNEL(stem, T, DT, TILE, Cfg, LABEL)                                        \
+  template <>                                                                                 \
+  const char* Sm90Entry<T, Cfg>::label = LABEL;                                               \
+  GMM_KERNEL_LIST(stem, {Engine::kSm90Tma, DT, DT, TILE, &Sm90Entry<T, Cfg>::workspace_bytes, \
+                         &Sm90Entry<T, Cfg>::run})
 
 }  // namespace gmm

@@ -1,5 +1,5 @@
 // The kernel registry: every kernels/<stem>.cu file defines a list of KernelEntry with
-// GMM_KERNEL_LIST(<stem>, ...), and build.rs lists the files it compiled (one
+// GMM_KERNEL_LIST(<stem>, ...), and build/ lists the files it compiled (one
 // GMM_KERNEL_FILE(<stem>) line each, generated into groupmm_kernel_files.inc), so that
 // adding a kernel family is adding one file; cuda/heuristics/choose.cc decides when it
 // runs. See ARCHITECTURE.md.
@@ -63,8 +63,8 @@ struct KernelList {
 #define GMM_KERNEL_LIST(stem, ...)                                  \
   static const ::gmm::KernelEntry stem##_entries[] = {__VA_ARGS__}; \
   extern const ::gmm::KernelList kernels_##stem;                    \
-  const ::gmm::KernelList kernels_##stem = {stem##_entries,         \
-                                            int(sizeof(stem##_entries) / sizeof(stem##_entries[0]))};
+  const ::gmm::KernelList kernels_##stem = {                        \
+      stem##_entries, int(sizeof(stem##_entries) / sizeof(stem##_entries[0]))};
 
 // The kernel of `engine` for inputs `in` and outputs `out` (and, for kSm90Tma, tile `tile`)
 // in this build, or nullptr (cuda/host/registry.cc).

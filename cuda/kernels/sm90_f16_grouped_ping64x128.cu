@@ -1,5 +1,5 @@
 // sm_90a ptr-array grouped GEMM, f16 in and out, 4 A/B layouts: 64x128x128 ping-pong, cluster
-// 1x1x1. Compiled for sm_90a only (build.rs: the sm90_ prefix); picked by cuda/heuristics/choose.cc
+// 1x1x1. Compiled for sm_90a only (build/: the sm90_ prefix); picked by cuda/heuristics/choose.cc
 // as configuration "ping64x128" (or GROUPMM_SM90_CONFIG=ping64x128).
 #include "kernels/grouped_sm90.cuh"
 

@@ -1,6 +1,6 @@
 """The argument checks that run in Python, one function per rule and one wording each.
 
-Every other argument rule is the Rust rules layer's (``src/shape.rs``, raised by
+Every other argument rule is the Rust rules layer's (``src/shape/``, raised by
 ``_native`` with the same conventions). A check lives here only when it has to run
 before a native call, and each call site says why in a one-line comment:
 

@@ -43,14 +43,6 @@ def differentiable(*tensors) -> bool:
     )
 
 
-def _index(index: Tensor) -> Tensor:
-    """int32 and contiguous. The ``_native`` functions take any integer index and convert
-    it themselves; kept for callers that still convert first (``fused``)."""
-    if index.dtype == torch.int32 and index.is_contiguous():
-        return index
-    return index.to(torch.int32).contiguous()
-
-
 def _weights(w: Optional[Tensor], rows: Tensor) -> Optional[Tensor]:
     """Router weights in a dtype the kernels read: the rows' dtype or float32. This
     promotion is the ops' contract, decided here before the native call (the extension

@@ -55,8 +55,8 @@ swiglu_backward = swiglu_grad
 @torch.library.custom_op("groupmm::gather_mm", mutates_args=())
 def _gather_mm(x: Tensor, w: Tensor, offs: Tensor, src: Tensor, inverse: Tensor) -> Tensor:
     # One native call: the rows are gathered, then multiplied (inside the GEMM only with
-    # GROUPMM_SM90_GATHER=1, cuda/heuristics/sm90.h).
-    return _native.gather_mm(x, w, _rows._index(offs), _rows._index(src))
+    # GROUPMM_SM90_GATHER=1, cuda/heuristics/choose.h); the extension converts the index.
+    return _native.gather_mm(x, w, offs, src)
 
 
 @_gather_mm.register_fake

@@ -346,5 +346,5 @@ class MoELayer(nn.Module):
 
 
 #: the routing's former name, still imported by benches/bench_moe.py and
-#: scripts/sanitize_cases.py (``_routes(ids, E, None)``: ``offs``, ``src``, ``inverse``)
+#: tests/programs/sanitize_cases.py (``_routes(ids, E, None)``: ``offs``, ``src``, ``inverse``)
 _routes = routes

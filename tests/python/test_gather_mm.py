@@ -1,7 +1,7 @@
 """The GroupedM product with gathered rows, ``_native.gather_mm(x, w, offs, src)``:
 ``out[r] = x[src[r]] @ w[g]`` for the rows ``r`` of group ``g`` — the MoE forward on
 tokens in token order (``groupmm.fused.expert_up``). groupmm's varlen kernel can read the
-rows through ``src`` with cp.async (cuda/kernels/varlen_sm90.cuh); elsewhere, and on
+rows through ``src`` with cp.async (cuda/kernels/varlen/); elsewhere, and on
 the CPU, the rows are gathered first; on Hopper too unless GROUPMM_SM90_GATHER=1, since
 gathering first measured faster. Both against a float64 reference written with torch
 indexing: group sizes at every residue modulo the 128-row tile, K not a multiple of 64 (and

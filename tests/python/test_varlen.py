@@ -1,4 +1,4 @@
-"""CUDA: the boundaries of groupmm's own sm_90a varlen kernels (cuda/kernels/varlen_sm90.cuh),
+"""CUDA: the boundaries of groupmm's own sm_90a varlen kernels (cuda/kernels/varlen/),
 which serve the fine-grained packed forms on Hopper: x [T, K] @ w [G, K, N] (forward, and dX
 through a transposed weight view) and x.T @ dy grouped along T (dW).
 

@@ -60,7 +60,8 @@ struct Args {
   // D: varlen-M [T, N] row-major (ldd); varlen-K [G, M, N] (ldd, ldd_batch).
   void* d = nullptr;
   int64_t ldd = 0, ldd_batch = 0;
-  const int* offs = nullptr;  // device int32[groups]: cumulative group ends (never read on the host)
+  const int* offs =
+      nullptr;  // device int32[groups]: cumulative group ends (never read on the host)
   int groups = 0;
   // varlen-M: m = T (rows), n = N, k = K.  varlen-K: m = M, n = N, k = T (tokens).
   int m = 0, n = 0, k = 0;

@@ -20,8 +20,8 @@ namespace gmm::varlen {
 
 using namespace cute;
 
-template <class T_, Mode kMode_, bool kBKMajor_, int BN_, Schedule kSchedule_ = Schedule::Cooperative,
-          bool kGather_ = false>
+template <class T_, Mode kMode_, bool kBKMajor_, int BN_,
+          Schedule kSchedule_ = Schedule::Cooperative, bool kGather_ = false>
 struct Cfg {
   using T = T_;
   static constexpr Mode kMode = kMode_;
@@ -37,13 +37,16 @@ struct Cfg {
   static constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
   static constexpr bool kAKMajor = kMode == Mode::M;
   static constexpr GMMA::Major kMajA = kAKMajor ? GMMA::Major::K : GMMA::Major::MN;
-  static constexpr GMMA::Major kMajB = (kMode == Mode::M && kBKMajor) ? GMMA::Major::K : GMMA::Major::MN;
+  static constexpr GMMA::Major kMajB =
+      (kMode == Mode::M && kBKMajor) ? GMMA::Major::K : GMMA::Major::MN;
   static_assert(BN % 64 == 0, "BN: whole 64-column chunks");
   // Ping-pong: one warpgroup holds a whole 128 x BN fp32 tile (BN registers per thread).
   static_assert(!kPingPong || BN <= 192, "ping-pong: at most 192 columns per warpgroup");
 
-  using AtomA = conditional_t<kAKMajor, GMMA::Layout_K_SW128_Atom<T>, GMMA::Layout_MN_SW128_Atom<T>>;
-  using AtomB = conditional_t<kMajB == GMMA::Major::K, GMMA::Layout_K_SW128_Atom<T>, GMMA::Layout_MN_SW128_Atom<T>>;
+  using AtomA =
+      conditional_t<kAKMajor, GMMA::Layout_K_SW128_Atom<T>, GMMA::Layout_MN_SW128_Atom<T>>;
+  using AtomB = conditional_t<kMajB == GMMA::Major::K, GMMA::Layout_K_SW128_Atom<T>,
+                              GMMA::Layout_MN_SW128_Atom<T>>;
   // MN-major tiles are laid out K-first, so that each 64-wide MN chunk (one TMA box of
   // 64 x BK elements) is contiguous.
   using OrderA = conditional_t<kAKMajor, Step<_1, _2, _3>, Step<_2, _1, _3>>;
@@ -59,10 +62,13 @@ struct Cfg {
   static constexpr int kStages = kFit > 8 ? 8 : kFit;
   static_assert(kStages >= 3, "tile too large for shared memory");
 
-  using SmemLayoutA = decltype(tile_to_shape(AtomA{}, make_shape(Int<BM>{}, Int<BK>{}, Int<kStages>{}), OrderA{}));
-  using SmemLayoutB = decltype(tile_to_shape(AtomB{}, make_shape(Int<BN>{}, Int<BK>{}, Int<kStages>{}), OrderB{}));
+  using SmemLayoutA =
+      decltype(tile_to_shape(AtomA{}, make_shape(Int<BM>{}, Int<BK>{}, Int<kStages>{}), OrderA{}));
+  using SmemLayoutB =
+      decltype(tile_to_shape(AtomB{}, make_shape(Int<BN>{}, Int<BK>{}, Int<kStages>{}), OrderB{}));
 
-  using MmaAtom = decltype(GMMA::ss_op_selector<T, T, float, Shape<_64, Int<BN>, Int<BK>>, kMajA, kMajB>());
+  using MmaAtom =
+      decltype(GMMA::ss_op_selector<T, T, float, Shape<_64, Int<BN>, Int<BK>>, kMajA, kMajB>());
   // Cooperative: 2 warpgroups x 64 rows. Ping-pong: one warpgroup, two 64-row blocks.
   using TiledMma =
       decltype(make_tiled_mma(MmaAtom{}, Layout<Shape<Int<kPingPong ? 1 : 2>, _1, _1>>{}));

@@ -39,10 +39,12 @@ __device__ __forceinline__ uint32_t pack(float lo, float hi) {
 // One TMA store of a 64 x 64 box: rows tile.m0 + row0 .. + 63 of the tile (relative to
 // its first row) and columns tile.n0 + col0 .. + 63, from `src` (64 rows of 128 bytes).
 template <Mode kMode>
-__device__ __forceinline__ void store_box(const Params& p, const Tile& tile, const void* src, int row0, int col0) {
+__device__ __forceinline__ void store_box(const Params& p, const Tile& tile, const void* src,
+                                          int row0, int col0) {
   if constexpr (kMode == Mode::M) {
     const int local = tile.m0 - tile.start + row0;
-    SM90_TMA_STORE_4D::copy(&p.tma_d, src, tile.n0 + col0, big() - tile.len + local, big(), tile.start + tile.len);
+    SM90_TMA_STORE_4D::copy(&p.tma_d, src, tile.n0 + col0, big() - tile.len + local, big(),
+                            tile.start + tile.len);
   } else {
     SM90_TMA_STORE_3D::copy(&p.tma_d, src, tile.n0 + col0, tile.m0 + row0, tile.group);
   }
@@ -70,8 +72,10 @@ __device__ __forceinline__ void coop_stage(const Acc& acc, uint32_t smem_tile, i
   CUTE_UNROLL
   for (int i = 0; i < size(acc); i += 2) {
     const int v1 = (i / 2) % 2, j = i / 4;
-    const uint32_t off = uint32_t((j / 8) * BM * 128 + 8 * v1 * 128) + uint32_t(((j % 8) ^ sw) << 4);
-    asm volatile("st.shared.b32 [%0], %1;" ::"r"(base + off), "r"(pack<T>(acc(i), acc(i + 1))) : "memory");
+    const uint32_t off =
+        uint32_t((j / 8) * BM * 128 + 8 * v1 * 128) + uint32_t(((j % 8) ^ sw) << 4);
+    asm volatile("st.shared.b32 [%0], %1;" ::"r"(base + off), "r"(pack<T>(acc(i), acc(i + 1)))
+                 : "memory");
   }
 }
 
@@ -85,7 +89,8 @@ __device__ __forceinline__ void coop_store(const Params& p, const Tile& tile, in
   if (ct % 128 == 0) {
     const unsigned char* rows = smem_tile + 64 * cwg * 128;
     CUTE_UNROLL
-    for (int j = 0; j < BN / 64; ++j) store_box<kMode>(p, tile, rows + j * BM * 128, 64 * cwg, 64 * j);
+    for (int j = 0; j < BN / 64; ++j)
+      store_box<kMode>(p, tile, rows + j * BM * 128, 64 * cwg, 64 * j);
     tma_store_arrive();
   }
 }
@@ -100,7 +105,8 @@ __device__ __forceinline__ void coop_store_zeros(const Params& p, const Tile& ti
   CUTE_UNROLL
   for (int j = 0; j < BN / 64; ++j) {
     CUTE_UNROLL
-    for (int i = 0; i < 64 * 8 / 128; ++i) z[j * BM * 8 + i * 128 + ct % 128] = make_uint4(0, 0, 0, 0);
+    for (int i = 0; i < 64 * 8 / 128; ++i)
+      z[j * BM * 8 + i * 128 + ct % 128] = make_uint4(0, 0, 0, 0);
   }
   coop_store<kMode, BM, BN>(p, tile, cwg, ct, smem_tile);
 }
@@ -117,7 +123,7 @@ __device__ __forceinline__ void pp_epilogue(const Params& p, const Tile& tile, c
                                             unsigned char* smem_d, int cwg, int lt, int& chunk) {
   using T = typename C::T;
   constexpr int BM = C::BM, BN = C::BN, kBuf = BM * 128;  // bytes per chunk buffer
-  constexpr int kV = BN / 2;  // fragment elements per 64-row block
+  constexpr int kV = BN / 2;                              // fragment elements per 64-row block
   const int lane = lt % 32, wq = lt / 32, sw = lane / 4;
   unsigned char* bufs = smem_d + cwg * 2 * kBuf;
   CUTE_UNROLL
@@ -140,7 +146,9 @@ __device__ __forceinline__ void pp_epilogue(const Params& p, const Tile& tile, c
           for (int v1 = 0; v1 < 2; ++v1) {
             const int i = kV * mb + 4 * (8 * j + jj) + 2 * v1;
             const uint32_t off = uint32_t((64 * mb + 8 * v1) * 128) + uint32_t((jj ^ sw) << 4);
-            asm volatile("st.shared.b32 [%0], %1;" ::"r"(base + off), "r"(pack<T>(acc(i), acc(i + 1))) : "memory");
+            asm volatile("st.shared.b32 [%0], %1;" ::"r"(base + off),
+                         "r"(pack<T>(acc(i), acc(i + 1)))
+                         : "memory");
           }
         }
       }

@@ -27,13 +27,16 @@
 namespace gmm::varlen {
 
 template <class C, class Pipeline, class Sched>
-__device__ __forceinline__ void consume_cooperative(const Params& p, Pipeline& pipeline, Sched& sched,
-                                                    typename C::Smem& smem, int cwg, int ct) {
+__device__ __forceinline__ void consume_cooperative(const Params& p, Pipeline& pipeline,
+                                                    Sched& sched, typename C::Smem& smem, int cwg,
+                                                    int ct) {
   constexpr int BM = C::BM, BN = C::BN;
   typename C::TiledMma mma;
   auto thr = mma.get_thread_slice(ct);
-  Tensor tCrA = thr.make_fragment_A(thr.partition_A(make_tensor(make_smem_ptr(smem.a), typename C::SmemLayoutA{})));
-  Tensor tCrB = thr.make_fragment_B(thr.partition_B(make_tensor(make_smem_ptr(smem.b), typename C::SmemLayoutB{})));
+  Tensor tCrA = thr.make_fragment_A(
+      thr.partition_A(make_tensor(make_smem_ptr(smem.a), typename C::SmemLayoutA{})));
+  Tensor tCrB = thr.make_fragment_B(
+      thr.partition_B(make_tensor(make_smem_ptr(smem.b), typename C::SmemLayoutB{})));
   unsigned char* tile_bytes = reinterpret_cast<unsigned char*>(smem.d);
   const uint32_t tile_smem = cast_smem_ptr_to_uint(smem.d);
   typename Pipeline::PipelineState rs, fs;  // read and release positions in the ring
@@ -62,8 +65,10 @@ __device__ __forceinline__ void consume_pingpong(const Params& p, Pipeline& pipe
   constexpr int BM = C::BM, BN = C::BN;
   typename C::TiledMma mma;
   auto thr = mma.get_thread_slice(lt);
-  Tensor tCrA = thr.make_fragment_A(thr.partition_A(make_tensor(make_smem_ptr(smem.a), typename C::SmemLayoutA{})));
-  Tensor tCrB = thr.make_fragment_B(thr.partition_B(make_tensor(make_smem_ptr(smem.b), typename C::SmemLayoutB{})));
+  Tensor tCrA = thr.make_fragment_A(
+      thr.partition_A(make_tensor(make_smem_ptr(smem.a), typename C::SmemLayoutA{})));
+  Tensor tCrB = thr.make_fragment_B(
+      thr.partition_B(make_tensor(make_smem_ptr(smem.b), typename C::SmemLayoutB{})));
   unsigned char* smem_d = reinterpret_cast<unsigned char*>(smem.d);
   typename Pipeline::PipelineState rs, fs;
   int chunk = 0;  // this warpgroup's epilogue chunks so far
@@ -120,7 +125,8 @@ __global__ void __launch_bounds__(C::kThreads, 1) varlen_kernel(const __grid_con
     // Register budgets per thread, producer / consumers: 40 / 232, or 64 / 216 with the
     // gathered A's row addresses (within the launch's 168 x 384 either way).
     cutlass::arch::warpgroup_reg_dealloc<C::kGather ? 64 : 40>();
-    if (warp == 1 && blockIdx.x == 0) check_offs(p.offs, p.groups, C::kMode == Mode::M ? p.m : p.k, p.err_flag);
+    if (warp == 1 && blockIdx.x == 0)
+      check_offs(p.offs, p.groups, C::kMode == Mode::M ? p.m : p.k, p.err_flag);
     if constexpr (C::kGather) {
       produce_gathered<C>(p, pipeline, sched, smem, threadIdx.x);
     } else if (warp == 0) {

@@ -19,20 +19,23 @@ inline std::string encode(CUtensorMap* map, CUtensorMapDataType dt, int rank, co
   const cuuint32_t unit[5] = {1, 1, 1, 1, 1};
   const CUresult r = cuTensorMapEncodeTiled(
       map, dt, cuuint32_t(rank), const_cast<void*>(base), reinterpret_cast<const cuuint64_t*>(dims),
-      reinterpret_cast<const cuuint64_t*>(strides_bytes), reinterpret_cast<const cuuint32_t*>(box), unit,
-      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+      reinterpret_cast<const cuuint64_t*>(strides_bytes), reinterpret_cast<const cuuint32_t*>(box),
+      unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
-    return std::string("cuTensorMapEncodeTiled (") + what + ") failed with CUresult " + std::to_string(int(r));
+    return std::string("cuTensorMapEncodeTiled (") + what + ") failed with CUresult " +
+           std::to_string(int(r));
   }
   return "";
 }
 
 // A ragged 4-D map over a 2-D [rows, cols] operand with row stride s (elements).
-inline std::string encode_ragged(CUtensorMap* map, CUtensorMapDataType dt, const void* base, int cols,
-                                 int64_t s, uint32_t box_cols, uint32_t box_rows, const char* what) {
+inline std::string encode_ragged(CUtensorMap* map, CUtensorMapDataType dt, const void* base,
+                                 int cols, int64_t s, uint32_t box_cols, uint32_t box_rows,
+                                 const char* what) {
   const uint64_t es = 2, u = uint64_t(s);
-  const uint64_t dims[4] = {uint64_t(cols > 0 ? cols : 1), uint64_t(big()), 0x7fffffffull, 0x7fffffffull};
+  const uint64_t dims[4] = {uint64_t(cols > 0 ? cols : 1), uint64_t(big()), 0x7fffffffull,
+                            0x7fffffffull};
   const uint64_t str[3] = {u * es, ((uint64_t(1) << 34) - u) * es, u * es};
   const uint32_t box[4] = {box_cols, box_rows, 1, 1};
   return encode(map, dt, 4, base, dims, str, box, what);
@@ -42,8 +45,9 @@ template <class C>
 std::string run(const Args& x) {
   using T = typename C::T;
   constexpr uint64_t es = sizeof(T);
-  const CUtensorMapDataType dt =
-      std::is_same_v<T, cutlass::bfloat16_t> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const CUtensorMapDataType dt = std::is_same_v<T, cutlass::bfloat16_t>
+                                     ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                     : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   if (x.m == 0 || x.n == 0 || (C::kMode == Mode::K && x.groups == 0)) return "";  // empty output
   Params p{};
   p.offs = x.offs;
@@ -76,10 +80,12 @@ std::string run(const Args& x) {
         err = encode(&p.tma_b, dt, 3, x.b, db, sb, bb, "B [G, K, N] (N-major)");
       }
     }
-    if (err.empty()) err = encode_ragged(&p.tma_d, dt, x.d, x.n, x.ldd, 64, 64, "D [T, N] (ragged)");
+    if (err.empty())
+      err = encode_ragged(&p.tma_d, dt, x.d, x.n, x.ldd, 64, 64, "D [T, N] (ragged)");
   } else {
     err = encode_ragged(&p.tma_a, dt, x.a, x.m, x.lda, 64, C::BK, "A = x^T (ragged)");
-    if (err.empty()) err = encode_ragged(&p.tma_b, dt, x.b, x.n, x.ldb, 64, C::BK, "B = dY (ragged)");
+    if (err.empty())
+      err = encode_ragged(&p.tma_b, dt, x.b, x.n, x.ldb, 64, C::BK, "B = dY (ragged)");
     if (err.empty()) {
       const uint64_t dd[3] = {d1(x.n), d1(x.m), d1(x.groups)};
       const uint64_t sd[2] = {uint64_t(x.ldd) * es, uint64_t(x.ldd_batch) * es};
@@ -92,16 +98,18 @@ std::string run(const Args& x) {
   static unsigned long long attr_set = 0;  // bit d: device d
   const unsigned long long bit = 1ull << (x.device & 63);
   if (x.device > 63 || !(__atomic_load_n(&attr_set, __ATOMIC_ACQUIRE) & bit)) {
-    const cudaError_t e =
-        cudaFuncSetAttribute(varlen_kernel<C>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
-    if (e != cudaSuccess) return std::string("cudaFuncSetAttribute (varlen kernel): ") + cudaGetErrorString(e);
+    const cudaError_t e = cudaFuncSetAttribute(
+        varlen_kernel<C>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
+    if (e != cudaSuccess)
+      return std::string("cudaFuncSetAttribute (varlen kernel): ") + cudaGetErrorString(e);
     __atomic_fetch_or(&attr_set, bit, __ATOMIC_RELEASE);
   }
   // Persistent grid: one CTA per SM, or one per tile when there are fewer (an upper bound:
   // the tile count itself needs offs, which only the device reads).
   const int64_t n_tiles = (x.n + C::BN - 1) / C::BN;
-  const int64_t max_tiles = C::kMode == Mode::M ? (int64_t(x.m) / C::BM + x.groups + 1) * n_tiles
-                                                : int64_t(x.groups) * ((x.m + C::BM - 1) / C::BM) * n_tiles;
+  const int64_t max_tiles = C::kMode == Mode::M
+                                ? (int64_t(x.m) / C::BM + x.groups + 1) * n_tiles
+                                : int64_t(x.groups) * ((x.m + C::BM - 1) / C::BM) * n_tiles;
   const int grid = int(max_tiles < x.sm_count ? (max_tiles > 0 ? max_tiles : 1) : x.sm_count);
   varlen_kernel<C><<<grid, C::kThreads, C::kSmemBytes, x.stream>>>(p);
   const cudaError_t e = cudaGetLastError();

@@ -12,9 +12,11 @@ namespace gmm::varlen {
 // wgmmas that read it are done. `issued()` runs right after the tile's last batch is
 // issued and before it is waited for: ping-pong hands the tensor cores to the other
 // warpgroup there. On return every wgmma of the tile has completed.
-template <class C, class Mma, class FragA, class FragB, class Acc, class Pipeline, class State, class Issued>
-__device__ __forceinline__ void mma_tile(Mma& mma, FragA& tCrA, FragB& tCrB, Acc& acc, Pipeline& pipeline,
-                                         State& rs, State& fs, int kbs, Issued&& issued) {
+template <class C, class Mma, class FragA, class FragB, class Acc, class Pipeline, class State,
+          class Issued>
+__device__ __forceinline__ void mma_tile(Mma& mma, FragA& tCrA, FragB& tCrB, Acc& acc,
+                                         Pipeline& pipeline, State& rs, State& fs, int kbs,
+                                         Issued&& issued) {
   mma.accumulate_ = GMMA::ScaleOut::Zero;
   warpgroup_fence_operand(acc);
   pipeline.consumer_wait(rs);

@@ -20,7 +20,6 @@ __device__ __forceinline__ int k_blocks(const Params& p, const Tile& tile) {
   return (tile.len + C::BK - 1) / C::BK;
 }
 
-
 // varlen-M: the B tile of k-block kb (the weights of the tile's group), by TMA. One thread.
 template <class C>
 __device__ __forceinline__ void load_b_m(const Params& p, const Tile& tile, int kb, uint64_t* bar,
@@ -82,9 +81,10 @@ __device__ __forceinline__ void produce_gathered(const Params& p, Pipeline& pipe
       for (int i = 0; i < kRows; ++i) {
         const int bytes = src[i] >= 0 ? kb_bytes : 0;
         const char* g = bytes > 0 ? abase + src[i] * row_bytes + col * int64_t(sizeof(T)) : abase;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa + uint32_t(i * 16 * 128)), "l"(g),
-                     "r"(bytes)
-                     : "memory");
+        asm volatile(
+            "cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa + uint32_t(i * 16 * 128)),
+            "l"(g), "r"(bytes)
+            : "memory");
       }
       cutlass::arch::cpasync_barrier_arrive_noinc(bar);
       if (pt == 0) load_b_m<C>(p, tile, kb, bar, smem.b + ws.index() * (C::BN * BK));
@@ -97,7 +97,7 @@ __device__ __forceinline__ void produce_gathered(const Params& p, Pipeline& pipe
 // the ring, in the order the consumers read it.
 template <class C, class Pipeline, class Sched>
 __device__ __forceinline__ void produce_tma(const Params& p, Pipeline& pipeline, Sched& sched,
-                                           typename C::Smem& smem, int lane) {
+                                            typename C::Smem& smem, int lane) {
   using T = typename C::T;
   constexpr int BM = C::BM, BN = C::BN, BK = C::BK;
   auto ws = cutlass::make_producer_start_state<Pipeline>();
@@ -119,11 +119,13 @@ __device__ __forceinline__ void produce_tma(const Params& p, Pipeline& pipeline,
           const int r = big() - tile.len + kb * BK, e = tile.start + tile.len;
           CUTE_UNROLL
           for (int j = 0; j < BM / 64; ++j) {
-            SM90_TMA_LOAD_4D::copy(&p.tma_a, bar, hint, sa + j * 64 * BK, tile.m0 + 64 * j, r, big(), e);
+            SM90_TMA_LOAD_4D::copy(&p.tma_a, bar, hint, sa + j * 64 * BK, tile.m0 + 64 * j, r,
+                                   big(), e);
           }
           CUTE_UNROLL
           for (int j = 0; j < BN / 64; ++j) {
-            SM90_TMA_LOAD_4D::copy(&p.tma_b, bar, hint, sb + j * 64 * BK, tile.n0 + 64 * j, r, big(), e);
+            SM90_TMA_LOAD_4D::copy(&p.tma_b, bar, hint, sb + j * 64 * BK, tile.n0 + 64 * j, r,
+                                   big(), e);
           }
         }
       }

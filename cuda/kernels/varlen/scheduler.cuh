@@ -36,12 +36,15 @@ struct Scheduler {
   int tiles_before = 0;  // tiles of the groups before base
   int cur_group = -1, cur_start = 0, cur_len = 0, cur_first = 0, cur_count = 0;  // last found
 
-  __device__ explicit Scheduler(const Params& p) : offs(p.offs), groups(p.groups), m(p.m), n(p.n), k(p.k) {
+  __device__ explicit Scheduler(const Params& p)
+      : offs(p.offs), groups(p.groups), m(p.m), n(p.n), k(p.k) {
     n_tiles = (n + BN - 1) / BN;
     m_tiles_fixed = (m + BM - 1) / BM;
   }
 
-  __device__ int m_tiles(int len) const { return kMode == Mode::M ? (len + BM - 1) / BM : m_tiles_fixed; }
+  __device__ int m_tiles(int len) const {
+    return kMode == Mode::M ? (len + BM - 1) / BM : m_tiles_fixed;
+  }
 
   __device__ Tile get(int t) {
     const int lane = threadIdx.x % 32;
