@@ -1,0 +1,34 @@
+// The registry entries of the varlen kernels: one per compiled configuration, so that a
+// kernels/sm90_<dtype>_varlen_*.cu file is its list of configurations. Host side of the
+// kernel files only.
+#pragma once
+#include "kernels/registry.h"
+#include "kernels/varlen/launch.cuh"
+
+namespace gmm::varlen {
+
+// Runs one call with configuration (kMode, BN, S, kGather) for element type T; varlen-M
+// picks the instantiation of the weights' major.
+template <class T, Mode kMode, int BN, Schedule S, bool kGather>
+std::string run_config(const Args& x) {
+  if constexpr (kMode == Mode::M) {
+    return x.b_k_major ? run<Cfg<T, Mode::M, true, BN, S, kGather>>(x)
+                       : run<Cfg<T, Mode::M, false, BN, S, kGather>>(x);
+  } else {
+    return run<Cfg<T, Mode::K, false, BN, S>>(x);
+  }
+}
+
+template <class T, DType DT, Mode kMode, int BN, Schedule S, bool kGather = false>
+constexpr KernelEntry entry() {
+  return KernelEntry{Engine::kSm90Varlen,
+                     DT,
+                     DT,
+                     Sm90Tile::kNone,
+                     nullptr,
+                     nullptr,
+                     Config{kMode, S, BN, kGather},
+                     &run_config<T, kMode, BN, S, kGather>};
+}
+
+}  // namespace gmm::varlen
