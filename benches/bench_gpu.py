@@ -594,7 +594,7 @@ def write_outputs(doc: dict, args) -> None:
     if args.json:
         tmp = args.json + ".tmp"
         with open(tmp, "w") as f:
-            json.dump(doc, f, indent=1)
+            json.dump(doc, f, separators=(",", ":"))  # compact: the per-round samples make it large
         os.replace(tmp, args.json)
     if args.md:
         tmp = args.md + ".tmp"
