@@ -58,13 +58,21 @@ import argparse
 import datetime
 import json
 import math
-import os
 import sys
 import time
 from typing import NamedTuple
 
 import torch
-from timing import calls_for, lead_for, paired, round_robin  # benches/timing.py, same folder
+from timing import (  # benches/timing.py, same folder
+    calls_for,
+    gmean,
+    lead_for,
+    paired,
+    round_robin,
+)
+from timing import mark as _mark
+from timing import spread_pct as _spread_pct
+from timing import write_outputs as timing_write
 
 
 class Spec(NamedTuple):
@@ -234,10 +242,6 @@ def pass_mult(pname: str) -> float:
     return 3.0 if pname == "fwd+bwd" else 1.0
 
 
-def gmean(v):
-    return math.exp(sum(math.log(x) for x in v) / len(v)) if v else None
-
-
 def fmt(v, spec=".0f"):
     return "-" if v is None else format(v, spec)
 
@@ -347,10 +351,6 @@ def class_summary(rows) -> list:
     return out
 
 
-def _mark(met) -> str:
-    return "not measured" if met is None else ("met" if met else "NOT met")
-
-
 def summary(rows) -> str:
     """Per class: geomean and min of groupmm over quack, over torch and of the roofline,
     with issue 20's targets (a few lines of text; md_table.py prints it too)."""
@@ -378,14 +378,6 @@ def summary(rows) -> str:
                 )
             )
     return "\n".join(lines) if lines else "no rows"
-
-
-def _spread_pct(row: dict, k: str):
-    sp = row.get("spread_ms", {}).get(k)
-    med = row["ms"].get(k)
-    if not sp or not med:
-        return None
-    return 100.0 * (sp["max"] - sp["min"]) / med
 
 
 def format_row(row: dict) -> str:
@@ -590,17 +582,8 @@ def render_png(doc: dict, path: str) -> bool:
 
 
 def write_outputs(doc: dict, args) -> None:
-    """JSON (atomically: a run killed mid-write keeps the previous file) and markdown."""
-    if args.json:
-        tmp = args.json + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(doc, f, separators=(",", ":"))  # compact: the per-round samples make it large
-        os.replace(tmp, args.json)
-    if args.md:
-        tmp = args.md + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(render_md(doc))
-        os.replace(tmp, args.md)
+    """JSON and markdown of the result document (timing.write_outputs)."""
+    timing_write(doc, args.json, args.md, render_md)
 
 
 # ----------------------------------------------------------------------------------------

@@ -85,7 +85,6 @@ import argparse
 import datetime
 import json
 import math
-import os
 import sys
 import time
 
@@ -95,7 +94,16 @@ import torch
 import torch.nn.functional as F
 from groupmm.fused import expert_down, expert_up
 from groupmm.moe import MoELayer, _routes, permute, unpermute
-from timing import calls_for, lead_for, paired, round_robin  # benches/timing.py, same folder
+from timing import (  # benches/timing.py, same folder
+    calls_for,
+    gmean,
+    lead_for,
+    paired,
+    round_robin,
+)
+from timing import mark as _mark
+from timing import spread_pct as _spread_pct
+from timing import write_outputs as timing_write
 
 # ----------------------------------------------------------------------------------------
 # configs
@@ -402,10 +410,6 @@ def sonic_layout_reference(x, router_w, w1p, w2p, k: int):
 # rows, summaries and rendering: pure functions of numbers (CPU-tested)
 
 
-def gmean(v):
-    return math.exp(sum(math.log(x) for x in v) / len(v)) if v else None
-
-
 def fmt(v, spec=".2f"):
     return "-" if v is None else format(v, spec)
 
@@ -487,10 +491,6 @@ def summarize(rows) -> dict:
     return out
 
 
-def _mark(met) -> str:
-    return "not measured" if met is None else ("met" if met else "NOT met")
-
-
 def summary_lines(rows) -> list:
     s = summarize(rows)
     lines = []
@@ -514,13 +514,6 @@ def summary_lines(rows) -> list:
         )
     )
     return lines
-
-
-def _spread_pct(row: dict, k: str):
-    sp, med = (row.get("spread_ms") or {}).get(k), row["ms"].get(k)
-    if not sp or not med:
-        return None
-    return 100.0 * (sp["max"] - sp["min"]) / med
 
 
 def _mib(v):
@@ -1043,17 +1036,8 @@ def parse_args(argv=None):
 
 
 def write_outputs(doc: dict, args) -> None:
-    """JSON (atomically: a run killed mid-write keeps the previous file) and markdown."""
-    if args.json:
-        tmp = args.json + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(doc, f, separators=(",", ":"))  # compact: the per-round samples
-        os.replace(tmp, args.json)
-    if args.md:
-        tmp = args.md + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(render_md(doc))
-        os.replace(tmp, args.md)
+    """JSON and markdown of the result document (timing.write_outputs)."""
+    timing_write(doc, args.json, args.md, render_md)
 
 
 def print_table(doc) -> None:

@@ -32,7 +32,9 @@ return plain numbers and are unit-tested on the CPU (tests/python/test_bench_tim
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import statistics
 import time
 
@@ -305,6 +307,43 @@ def round_robin(
         "orders": [[keys[i] for i in o] for o in orders],
         "rounds": rounds,
     }
+
+
+# --------------------------------------------------------------------------- reports
+# The summary math and output writing that bench_gpu and bench_moe share.
+
+
+def gmean(v):
+    """Geometric mean of positive values; None for none."""
+    return math.exp(sum(math.log(x) for x in v) / len(v)) if v else None
+
+
+def spread_pct(row: dict, k: str):
+    """The min-max spread of implementation k's samples in a result row, in % of its median."""
+    sp, med = (row.get("spread_ms") or {}).get(k), row["ms"].get(k)
+    if not sp or not med:
+        return None
+    return 100.0 * (sp["max"] - sp["min"]) / med
+
+
+def mark(met) -> str:
+    """How a target reads in a table: met, NOT met, or not measured (None)."""
+    return "not measured" if met is None else ("met" if met else "NOT met")
+
+
+def write_outputs(doc: dict, json_path, md_path, render_md) -> None:
+    """The result document as compact JSON (the per-round samples make it large) and as
+    markdown (``render_md(doc)``), each written atomically: a run killed mid-write keeps the
+    previous file. A None path is skipped."""
+    for path, text in (
+        (json_path, lambda: json.dumps(doc, separators=(",", ":"))),
+        (md_path, lambda: render_md(doc)),
+    ):
+        if path:
+            tmp = path + ".tmp"
+            with open(tmp, "w") as f:
+                f.write(text())
+            os.replace(tmp, path)
 
 
 def median_ms(fn, reps: int, warmup: int = 5, *, cuda: bool = True, isolated: bool = False):

@@ -7,7 +7,10 @@ The reference is written from ARCHITECTURE.md's definition of each form (a per-g
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
+from pathlib import Path
 from typing import List, Optional, Sequence
 
 import pytest
@@ -249,3 +252,18 @@ def packed_case_ids():
         for form, cases in PACKED_CASES.items()
         for i in range(len(cases))
     ]
+
+
+BENCHES = Path(__file__).resolve().parents[2] / "benches"
+
+
+def load_bench(name):
+    """benches/<name>.py as a module (the benches are scripts, not a package), registered
+    under its name so that a bench's ``from timing import ...`` finds the same module."""
+    if name in sys.modules and getattr(sys.modules[name], "__file__", "").startswith(str(BENCHES)):
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, BENCHES / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod

@@ -13,7 +13,6 @@ the wrong layout or flags computes a different layer and fails the comparison wi
 from __future__ import annotations
 
 import enum
-import importlib.util
 import json
 import math
 import os
@@ -25,6 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import load_bench
 from groupmm.moe import MoELayer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,18 +32,8 @@ BENCHES = ROOT / "benches"
 F64 = torch.float64
 
 
-def _load(name):
-    if name in sys.modules and getattr(sys.modules[name], "__file__", "").startswith(str(BENCHES)):
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, BENCHES / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod  # bench_moe.py's `from timing import ...` finds this one
-    spec.loader.exec_module(mod)
-    return mod
-
-
-timing = _load("timing")
-bench = _load("bench_moe")
+timing = load_bench("timing")
+bench = load_bench("bench_moe")
 
 
 # ---------------------------------------------------------------------- configs

@@ -8,31 +8,20 @@ are checked against hand-computed values without a GPU.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import statistics
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import load_bench
 
 BENCHES = Path(__file__).resolve().parents[2] / "benches"
 
 
-def _load(name):
-    if name in sys.modules and getattr(sys.modules[name], "__file__", "").startswith(str(BENCHES)):
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, BENCHES / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod  # bench_gpu.py's `from timing import ...` finds this one
-    spec.loader.exec_module(mod)
-    return mod
-
-
-timing = _load("timing")
-bench = _load("bench_gpu")
+timing = load_bench("timing")
+bench = load_bench("bench_gpu")
 
 
 # ---------------------------------------------------------------------- pure statistics
