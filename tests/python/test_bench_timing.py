@@ -11,14 +11,10 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from pathlib import Path
 
 import pytest
 import torch
 from conftest import load_bench
-
-BENCHES = Path(__file__).resolve().parents[2] / "benches"
-
 
 timing = load_bench("timing")
 bench = load_bench("bench_gpu")
