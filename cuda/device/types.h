@@ -1,5 +1,5 @@
-// Element types and packed forms. The Rust bridge (src/exec/ffi.rs) declares these two
-// enums as extern C++ enums: this header is the definition, and cxx checks at compile
+// Element types, packed forms and fused epilogues. The Rust bridge (src/exec/ffi.rs)
+// declares these enums as extern C++ enums: this header is the definition, and cxx checks at compile
 // time that the Rust variants match. Plain C++: host code and kernels include it.
 #pragma once
 #include <cstdint>
@@ -10,6 +10,10 @@ enum class DType : uint8_t { F16 = 0, BF16 = 1, F32 = 2, F64 = 3 };
 
 // The packed forms of src/shape/packed.rs (Form).
 enum class Form : uint8_t { GroupedM = 0, GroupedK = 1, GroupedN = 2, Batched = 3 };
+
+// What a GroupedM product's epilogue does beyond storing c = a . b (src/exec/ffi.rs,
+// Fusion): the routed SwiGLU expert block's forward and backward halves.
+enum class Epilogue : uint8_t { Plain = 0, SwiGLU = 1, DGated = 2 };
 
 inline int elem_size(DType d) {
   switch (d) {

@@ -250,6 +250,11 @@ fn packed_request(
         offs: offs.map_or(0, |o| o.ptr as u64),
         fusion: ffi::Fusion {
             src: src.map_or(0, |o| o.ptr as u64),
+            epilogue: ffi::Epilogue::Plain,
+            act: 0,
+            pre: 0,
+            scale: 0,
+            partial: 0,
         },
         stream,
     })

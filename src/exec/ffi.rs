@@ -28,6 +28,16 @@ pub(crate) mod bridge {
         F64 = 3,
     }
 
+    /// The epilogue of a GroupedM product (see [`Fusion`]); C++: `gmm::Epilogue` in
+    /// cuda/device/types.h.
+    #[repr(u8)]
+    #[derive(Debug)]
+    enum Epilogue {
+        Plain = 0,
+        SwiGLU = 1,
+        DGated = 2,
+    }
+
     /// The packed forms of `crate::shape::Form`; C++: `gmm::Form` in cuda/device/types.h.
     #[repr(u8)]
     #[derive(Debug)]
@@ -98,8 +108,31 @@ pub(crate) mod bridge {
     struct Fusion {
         /// GroupedM only, else 0: device address of a contiguous int32 `[m]` routed-row
         /// index: row `r` of the product's A is row `src[r]` of `a` (whose `rows` may
-        /// differ from `m`); an index outside `[0, a.rows)` reads a row of zeros.
+        /// differ from `m`); an index outside `[0, a.rows)` reads a row of zeros and
+        /// raises the device's deferred error flag (reported at the next call).
         src: u64,
+        /// What the epilogue does with the product `p = a · b` (`[m, n]`, fp32); GroupedM
+        /// only. Rows past the last group end get zeros in every output.
+        /// - `Plain`: `c = p`; the fields below are 0.
+        /// - `SwiGLU` (`n` even, `F = n / 2`): `c = p` (the pre-activation `[gate | up]`)
+        ///   and `act[r, j] = silu(p[r, j]) * p[r, F + j]` (`[m, F]`, contiguous, c's dtype).
+        /// - `DGated` (the dSwiGLU backward of a down projection, `F = n`): `p` is the
+        ///   gradient of the activation before the router weight; with `g = pre[r, j]`,
+        ///   `u = pre[r, F + j]`, `s = scale[r]`, `σ = sigmoid(g)`: `c` is `[m, 2F]`
+        ///   (contiguous): `c[r, j] = s·p·u·σ·(1 + g·(1 − σ))`, `c[r, F + j] = s·p·g·σ`;
+        ///   `act[r, j] = s·silu(g)·u` (`[m, F]`, contiguous); `partial[j / 64, r]` (f32,
+        ///   `[ceil(F / 64), m]`, contiguous) is the sum over the columns `j` of that
+        ///   64-column chunk of `p·silu(g)·u`, so that the router weight's gradient of
+        ///   row `r` is `sum_i partial[i, r]` (no atomics: deterministic).
+        epilogue: Epilogue,
+        /// SwiGLU, DGated: device address of the `act` output, else 0.
+        act: u64,
+        /// DGated: device address of the pre-activation input `[m, 2F]` (c's dtype), else 0.
+        pre: u64,
+        /// DGated: device address of the f32 `[m]` row scale (the router weights), else 0.
+        scale: u64,
+        /// DGated: device address of the f32 `partial` output, else 0.
+        partial: u64,
     }
 
     /// One list product; its groups travel as a slice of [`ListGroup`].
@@ -219,6 +252,7 @@ pub(crate) mod bridge {
 
         type DType;
         type Form;
+        type Epilogue;
         type RowsOp;
         /// A planned packed launch (cuda/host/plan.h).
         type PackedPlan;
