@@ -100,6 +100,15 @@ __global__ void swiglu_backward(const T* grad, const T* pre, T* out, int64_t row
   }
 }
 
+// An index outside [0, rows) contributes nothing and raises the deferred error flag
+// (kErrIndex, reported by the device's next grouped GEMM call): never read out of bounds,
+// never silently a zero row.
+__device__ inline bool in_range(int64_t r, int64_t rows, int* err) {
+  if (r >= 0 && r < rows) return true;
+  if (err != nullptr) *reinterpret_cast<volatile int*>(err) = kErrIndex;
+  return false;
+}
+
 template <class T, class W>
 __device__ inline Acc<T> weight(const W* w, int64_t i) {
   return w == nullptr ? Acc<T>(1) : Acc<T>(to_acc(w[i]));
@@ -107,7 +116,7 @@ __device__ inline Acc<T> weight(const W* w, int64_t i) {
 
 template <class T, class W, int V>
 __global__ void gather_sum(const T* x, const int32_t* inverse, const W* w, T* out, int64_t tokens,
-                           int64_t top_k, int64_t rows, int64_t cols) {
+                           int64_t top_k, int64_t rows, int64_t cols, int* err) {
   using A = Acc<T>;
   const int64_t cv = cols / V, n = tokens * cv;
   for (int64_t i = first(); i < n; i += step()) {
@@ -117,7 +126,7 @@ __global__ void gather_sum(const T* x, const int32_t* inverse, const W* w, T* ou
     for (int e = 0; e < V; ++e) acc[e] = A(0);
     for (int64_t j = 0; j < top_k; ++j) {
       const int64_t r = inverse[t * top_k + j];
-      if (r < 0 || r >= rows) continue;
+      if (!in_range(r, rows, err)) continue;
       const A wj = weight<T>(w, t * top_k + j);
       const Pack<T, V> p = load<T, V>(x + r * cols + c);
 #pragma unroll
@@ -131,10 +140,10 @@ __global__ void gather_sum(const T* x, const int32_t* inverse, const W* w, T* ou
 }
 
 // assign[inverse[tj]] = tj + 1 (0 stays for rows no index names).
-__global__ void invert(const int32_t* inverse, int32_t* assign, int64_t n, int64_t rows) {
+__global__ void invert(const int32_t* inverse, int32_t* assign, int64_t n, int64_t rows, int* err) {
   for (int64_t i = first(); i < n; i += step()) {
     const int64_t r = inverse[i];
-    if (r >= 0 && r < rows) assign[r] = int32_t(i + 1);
+    if (in_range(r, rows, err)) assign[r] = int32_t(i + 1);
   }
 }
 
@@ -165,14 +174,14 @@ __global__ void scatter_rows(const T* x, const int32_t* assign, const W* w, T* o
 // One warp per (token, j): lanes stride over the columns, then a fixed xor tree.
 template <class T, class W, int V>
 __global__ void row_dots(const T* x, const T* y, const int32_t* inverse, W* out, int64_t tokens,
-                         int64_t top_k, int64_t rows, int64_t cols) {
+                         int64_t top_k, int64_t rows, int64_t cols, int* err) {
   using A = Acc<T>;
   const int lane = threadIdx.x % 32;
   const int64_t n = tokens * top_k;
   for (int64_t wi = first() / 32; wi < n; wi += step() / 32) {
     const int64_t r = inverse[wi];
     A s = A(0);
-    if (r >= 0 && r < rows) {
+    if (in_range(r, rows, err)) {
       const T* xr = x + (wi / top_k) * cols;
       const T* yr = y + r * cols;
       for (int64_t c = int64_t(lane) * V; c < cols; c += 32 * V) {
@@ -214,17 +223,17 @@ void launch_typed(const RowsArgs& a) {
       break;
     case RowsOp::GatherSum:
       gather_sum<T, W, V><<<blocks_for(a.tokens * cv, a.sm_count), kThreads, 0, a.stream>>>(
-          x, a.inverse, w, static_cast<T*>(a.out), a.tokens, a.top_k, a.rows, a.cols);
+          x, a.inverse, w, static_cast<T*>(a.out), a.tokens, a.top_k, a.rows, a.cols, a.err_flag);
       break;
     case RowsOp::ScatterRows:
       invert<<<blocks_for(a.tokens * a.top_k, a.sm_count), kThreads, 0, a.stream>>>(
-          a.inverse, a.scratch, a.tokens * a.top_k, a.rows);
+          a.inverse, a.scratch, a.tokens * a.top_k, a.rows, a.err_flag);
       scatter_rows<T, W, V><<<blocks_for(a.rows * cv, a.sm_count), kThreads, 0, a.stream>>>(
           x, a.scratch, w, static_cast<T*>(a.out), a.top_k, a.rows, a.cols);
       break;
     case RowsOp::RowDots:
       row_dots<T, W, V><<<blocks_for(a.tokens * a.top_k * 32, a.sm_count), kThreads, 0, a.stream>>>(
-          x, y, a.inverse, static_cast<W*>(a.out), a.tokens, a.top_k, a.rows, a.cols);
+          x, y, a.inverse, static_cast<W*>(a.out), a.tokens, a.top_k, a.rows, a.cols, a.err_flag);
       break;
   }
 }

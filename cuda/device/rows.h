@@ -51,6 +51,7 @@ struct RowsArgs {
   const void* weights = nullptr;  // may be null: weight 1
   void* out = nullptr;
   int32_t* scratch = nullptr;  // ScatterRows: int32 [rows], zeroed
+  int* err_flag = nullptr;     // the deferred error flag: set to kErrIndex by an index out of range
   int sm_count = 1;
   cudaStream_t stream = nullptr;
 };

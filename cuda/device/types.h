@@ -1,6 +1,6 @@
 // Element types, packed forms and fused epilogues. The Rust bridge (src/exec/ffi.rs)
-// declares these enums as extern C++ enums: this header is the definition, and cxx checks at compile
-// time that the Rust variants match. Plain C++: host code and kernels include it.
+// declares these enums as extern C++ enums: this header is the definition, and cxx checks at
+// compile time that the Rust variants match. Plain C++: host code and kernels include it.
 #pragma once
 #include <cstdint>
 
@@ -14,6 +14,12 @@ enum class Form : uint8_t { GroupedM = 0, GroupedK = 1, GroupedN = 2, Batched = 
 // What a GroupedM product's epilogue does beyond storing c = a . b (src/exec/ffi.rs,
 // Fusion): the routed SwiGLU expert block's forward and backward halves.
 enum class Epilogue : uint8_t { Plain = 0, SwiGLU = 1, DGated = 2 };
+
+// The values of the device's deferred error flag (host/device.h), which kernels raise instead
+// of failing: invalid offs, or a routed-row index (Fusion::src) out of range. Any nonzero
+// value is an error; a plain store, so the last writer's value is the one reported.
+constexpr int kErrOffs = 1;
+constexpr int kErrIndex = 2;
 
 inline int elem_size(DType d) {
   switch (d) {

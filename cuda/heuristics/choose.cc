@@ -168,7 +168,14 @@ PackedChoice choose_packed(const PackedCall& c, const DevInfo& dev) {
   const Engines en = engines(c.in, c.out, c.allow_tf32, dev);
   const bool sm90 = en.has_primary && en.primary == Engine::kSm90Tma;
   if (sm90 && c.varlen != nullptr && varlen::can_read(*c.varlen) && c.in == c.out) {
-    if (c.gather) {
+    if (c.epi != Epilogue::Plain) {
+      // The fused epilogues: ping-pong 128 x 128 (config.cuh); SwiGLU on gathered rows only
+      // when in-GEMM gathering is on (otherwise the caller gathers first).
+      if (!c.gather || gather_in_gemm()) {
+        ch.varlen = find_varlen(c.in, varlen::Config{varlen::Mode::M, varlen::Schedule::PingPong,
+                                                     128, c.gather, c.epi});
+      }
+    } else if (c.gather) {
       if (gather_in_gemm()) {
         ch.varlen = find_varlen(
             c.in, varlen::Config{varlen::Mode::M, varlen::Schedule::Cooperative, 256, true});
@@ -178,7 +185,7 @@ PackedChoice choose_packed(const PackedCall& c, const DevInfo& dev) {
     }
     if (ch.varlen != nullptr) return ch;
   }
-  if (c.gather) {  // only the varlen kernels gather rows
+  if (c.gather || c.epi != Epilogue::Plain) {  // only the varlen kernels gather or fuse
     ch.unsupported = true;
     return ch;
   }

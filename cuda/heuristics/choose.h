@@ -6,7 +6,8 @@
 //   1) GROUPMM_SM90_VARLEN_CONFIG  auto | pp128 | pp192 | co128 | co192   varlen configuration
 //                               (where the build has it for the call's mode; else auto)
 //   GROUPMM_SM90_CONFIG         auto | 128x256 | 128x128 | ping64x128  ptr-array tile
-//   GROUPMM_SM90_GATHER         auto | 0 | 1   read gathered A rows inside the GEMM (auto: no)
+//   GROUPMM_SM90_GATHER         auto | 0 | 1   read gathered A rows inside the GEMM (auto: no),
+//                               for the plain and the SwiGLU products
 // Host only.
 #pragma once
 #include "device/types.h"
@@ -33,6 +34,8 @@ struct PackedCall {
   int64_t groups = 0, m = 0, n = 0, k = 0;
   // The request's fusion asks for A's rows through a routed-row index (GroupedM).
   bool gather = false;
+  // The request's fusion asks for a fused epilogue (GroupedM; kernels/varlen/args.h).
+  Epilogue epi = Epilogue::Plain;
   // The call as the varlen kernels would read it, or null when its layouts are not theirs
   // (GroupedM with row-major A; GroupedK with x^T and row-major dY).
   const varlen::Args* varlen = nullptr;

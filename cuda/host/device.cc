@@ -97,17 +97,17 @@ int* offs_flag(int device) {
   return f.dev;
 }
 
-bool take_offs_flag(int device) {
+int take_offs_flag(int device) {
   check_device(device);
   int* h = nullptr;
   {
     std::lock_guard<std::mutex> lock(flag_mutex);
     h = flags[device].host;
   }
-  if (h == nullptr) return false;
+  if (h == nullptr) return 0;
   volatile int* v = h;
-  const bool set = *v != 0;
-  if (set) *v = 0;
+  const int set = *v;
+  if (set != 0) *v = 0;
   return set;
 }
 

@@ -25,10 +25,10 @@ DevInfo enter(int device);
 // first use, also inside a graph capture).
 int* offs_flag(int device);
 
-// Reads and clears the offs flag of `device`: true when a packed launch there met
-// negative, decreasing or out-of-range offs since the last read. Only completed work is
-// reflected.
-bool take_offs_flag(int device);
+// Reads and clears the offs flag of `device`: its value (device/types.h), nonzero when a
+// launch there met negative, decreasing or out-of-range offs (kErrOffs) or a routed-row
+// index out of range (kErrIndex) since the last read. Only completed work is reflected.
+int take_offs_flag(int device);
 
 // cudaStreamIsCapturing (host only, no sync).
 bool stream_capturing(cudaStream_t stream);

@@ -115,8 +115,9 @@ std::unique_ptr<ListPlan> plan(const ListRequest& r, const ListGroup* groups, si
 ListPlanned plan_list(const ListRequest& r, const ListGroup* groups, size_t count) {
   ListPlanned out{};
   try {
-    if (take_offs_flag(r.device)) {
-      out.offs_pending = true;
+    if (const int flag = take_offs_flag(r.device)) {
+      out.offs_pending = flag != kErrIndex;
+      out.index_pending = flag == kErrIndex;
       return out;
     }
     // Planning needs the device's facts only: no cudaSetDevice for this host-only call.

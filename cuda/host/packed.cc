@@ -48,6 +48,11 @@ bool varlen_args(const PackedRequest& r, const PackedDesc& d, const PackedPlan& 
   x.lda = d.a.ld;
   x.gather = reinterpret_cast<const int*>(r.fusion.src);
   x.a_rows = r.a.rows;
+  x.epi = r.fusion.epilogue;
+  x.act = reinterpret_cast<void*>(r.fusion.act);
+  x.pre = reinterpret_cast<const void*>(r.fusion.pre);
+  x.scale = reinterpret_cast<const float*>(r.fusion.scale);
+  x.partial = reinterpret_cast<float*>(r.fusion.partial);
   x.b = reinterpret_cast<const void*>(d.b.ptr);
   x.ldb = d.b.ld;
   x.ldb_batch = d.b.bs;
@@ -105,6 +110,7 @@ PackedPlan plan_packed(const PackedRequest& r, const DevInfo& dev) {
   call.n = n;
   call.k = k;
   call.gather = r.fusion.src != 0;
+  call.epi = r.fusion.epilogue;
   if (varlen_args(r, d, pl, pl.va)) call.varlen = &pl.va;
   const PackedChoice choice = choose_packed(call, dev);
   pl.unsupported = choice.unsupported;
@@ -205,14 +211,21 @@ PackedSubmit submit_packed(const PackedRequest& r, uint64_t workspace, size_t wo
     if (r.fusion.src != 0 && (r.form != Form::GroupedM || r.a.rows < 0)) {
       throw std::runtime_error("internal: gathered A rows (fusion.src) need the GroupedM form");
     }
+    if (r.fusion.epilogue != Epilogue::Plain &&
+        (r.form != Form::GroupedM || r.fusion.act == 0 ||
+         (r.fusion.epilogue == Epilogue::DGated &&
+          (r.fusion.pre == 0 || r.fusion.scale == 0 || r.fusion.partial == 0)))) {
+      throw std::runtime_error(
+          "internal: a fused epilogue needs the GroupedM form and its operands");
+    }
     // In-GEMM gathering off (the default, heuristics/choose.h): answer before any device
     // work, so that the caller's composed path plans the product once.
     if (r.fusion.src != 0 && !gather_in_gemm()) {
       out.status = Submitted::Unsupported;
       return out;
     }
-    if (take_offs_flag(r.device)) {
-      out.status = Submitted::OffsPending;
+    if (const int flag = take_offs_flag(r.device)) {
+      out.status = flag == kErrIndex ? Submitted::IndexPending : Submitted::OffsPending;
       return out;
     }
     PackedPlan pl = plan_packed(r, enter(r.device));
@@ -250,7 +263,7 @@ void launch_planned(const PackedPlan& plan, uint64_t workspace, size_t workspace
 
 bool take_offs_error(int32_t device) {
   try {
-    return take_offs_flag(device);
+    return take_offs_flag(device) != 0;
   } catch (const std::exception& e) {
     throw std::runtime_error("groupmm CUDA (take_offs_error, device " + std::to_string(device) +
                              "): " + e.what());

@@ -292,6 +292,9 @@ pub(super) unsafe fn packed<R: Runtime>(
             ffi::Submitted::OffsPending => {
                 Err(crate::shape::offs_error_pending(Device::Cuda(device)))
             }
+            ffi::Submitted::IndexPending => {
+                Err(crate::shape::index_error_pending(Device::Cuda(device)))
+            }
             _ => {
                 let bytes = r.workspace_bytes;
                 let ws = rt.workspace(device, st.0, bytes, r.capturing)?;
@@ -353,6 +356,9 @@ pub(super) unsafe fn list<R: Runtime>(
         let p = ffi::plan_list(&req, &groups).map_err(seam)?;
         if p.offs_pending {
             return Err(crate::shape::offs_error_pending(Device::Cuda(device)));
+        }
+        if p.index_pending {
+            return Err(crate::shape::index_error_pending(Device::Cuda(device)));
         }
         let plan = p
             .plan

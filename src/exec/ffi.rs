@@ -217,6 +217,9 @@ pub(crate) mod bridge {
         /// request's `fusion` asks (or a `GROUPMM_SM90_*` override turned it off).
         /// Compose it from plain products and row ops.
         Unsupported = 3,
+        /// Nothing was enqueued: an earlier call on the device met a routed-row index
+        /// (`Fusion::src`, a row op's `inverse`) out of range.
+        IndexPending = 4,
     }
 
     /// The answer of [`submit_packed`].
@@ -237,6 +240,9 @@ pub(crate) mod bridge {
     struct ListPlanned {
         /// Nothing was planned: an earlier call on the device met invalid `offs`.
         offs_pending: bool,
+        /// Nothing was planned: an earlier call on the device met a routed-row index out
+        /// of range.
+        index_pending: bool,
         /// Size of the per-group argument block ([`write_list_args`]).
         args_bytes: usize,
         /// Workspace bytes [`launch_list`] needs.

@@ -71,6 +71,18 @@ pub fn offs_error_pending(device: impl Display) -> Error {
     ))
 }
 
+/// What a call on CUDA raises when an earlier call's kernels met a routed-row index out of
+/// range (a gathered product's `src`, a row op's `inverse`): the kernels never read out of
+/// bounds (such a row reads as zeros or contributes nothing) and raise the per-device flag
+/// that the next call reads, as for `offs` ([`offs_error_pending`]), without a host sync.
+pub fn index_error_pending(device: impl Display) -> Error {
+    Error::Value(format!(
+        "src/inverse: an earlier groupmm call on {device} received a routing index out of \
+         range (below 0 or not a row of the indexed tensor); those rows were read as zeros. \
+         CUDA reports this asynchronously, at the next call"
+    ))
+}
+
 /// The spans `[start, end)` of every group, clamped so that any `offs` (decreasing,
 /// negative, past the end) gives spans inside `0..=extent` that are ordered and
 /// disjoint: `end_g` is the running maximum of `offs[0..=g]` clamped to `0..=extent`,

@@ -16,7 +16,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
 #include <string>
+#include "device/types.h"
 
 namespace gmm::varlen {
 
@@ -34,8 +36,11 @@ struct Config {
   Schedule schedule = Schedule::Cooperative;
   int bn = 128;         // tile width (the tile is 128 rows)
   bool gather = false;  // varlen-M: A's rows read through Args::gather
+  // varlen-M: what the epilogue does beyond storing the product (Args::epi).
+  Epilogue epi = Epilogue::Plain;
   constexpr bool operator==(const Config& o) const {
-    return mode == o.mode && schedule == o.schedule && bn == o.bn && gather == o.gather;
+    return mode == o.mode && schedule == o.schedule && bn == o.bn && gather == o.gather &&
+           epi == o.epi;
   }
 };
 
@@ -65,7 +70,19 @@ struct Args {
   int groups = 0;
   // varlen-M: m = T (rows), n = N, k = K.  varlen-K: m = M, n = N, k = T (tokens).
   int m = 0, n = 0, k = 0;
-  int* err_flag = nullptr;  // device view of the deferred offs-error flag, may be null
+  // The fused epilogues (varlen-M, ping-pong 128 x 128; the meaning is Fusion's in
+  // src/exec/ffi.rs). With F = n / 2 (SwiGLU) or n (DGated):
+  // - SwiGLU: d = the product [m, 2F] (gate | up halves), act = silu(gate) * up [m, F];
+  //   B's gate and up halves are read as two column ranges of one tile.
+  // - DGated: the product p [m, F] is not stored; d = dpre [m, 2F], act = scale * silu(g) * u
+  //   [m, F], partial [ceil(F / 64), m] (f32) the per-chunk row sums of p * silu(g) * u,
+  //   from pre [m, 2F] and scale [m] (f32). Every one contiguous (row stride 2F, F or m).
+  Epilogue epi = Epilogue::Plain;
+  void* act = nullptr;
+  const void* pre = nullptr;
+  const float* scale = nullptr;
+  float* partial = nullptr;
+  int* err_flag = nullptr;  // device view of the deferred error flag, may be null
   int sm_count = 0;
   int device = 0;
   cudaStream_t stream = nullptr;
@@ -79,6 +96,13 @@ inline bool can_read(const Args& x) {
   auto st = [](int64_t s) { return s >= 0 && (s * 2) % 16 == 0; };
   bool ok = al(x.a) && al(x.b) && al(x.d) && st(x.lda) && st(x.ldb) && st(x.ldd) &&
             (x.n * 2) % 16 == 0 && x.m >= 0 && x.n >= 0 && x.k >= 0 && x.groups >= 0;
+  if (x.epi != Epilogue::Plain) {
+    // F a multiple of 8 (16-byte halves), contiguous outputs, row-major A, varlen-M.
+    const int64_t f = x.epi == Epilogue::SwiGLU ? x.n / 2 : x.n;
+    ok = ok && x.mode == Mode::M && f > 0 && f % 8 == 0 && al(x.act) &&
+         (x.epi == Epilogue::SwiGLU ? x.n % 2 == 0 && x.ldd == x.n
+                                    : x.ldd == 2 * f && al(x.pre) && x.scale && x.partial);
+  }
   if (x.mode == Mode::M) {
     ok = ok && st(x.ldb_batch);
   } else {

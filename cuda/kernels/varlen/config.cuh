@@ -21,7 +21,8 @@ namespace gmm::varlen {
 using namespace cute;
 
 template <class T_, Mode kMode_, bool kBKMajor_, int BN_,
-          Schedule kSchedule_ = Schedule::Cooperative, bool kGather_ = false>
+          Schedule kSchedule_ = Schedule::Cooperative, bool kGather_ = false,
+          Epilogue kEpi_ = Epilogue::Plain>
 struct Cfg {
   using T = T_;
   static constexpr Mode kMode = kMode_;
@@ -33,7 +34,13 @@ struct Cfg {
   static constexpr bool kGather = kGather_;
   static_assert(!kGather || kMode == Mode::M, "gathered A: varlen-M only");
   static constexpr int BM = 128, BN = BN_, BK = 64;
-  static constexpr Config kConfig{kMode, kSchedule, BN, kGather};
+  // The fused epilogues (args.h): a ping-pong warpgroup's 128 x 128 tile is 64 gate and 64
+  // up columns (SwiGLU, B read as two 64-column halves) or 128 columns of p (DGated).
+  static constexpr Epilogue kEpi = kEpi_;
+  static_assert(kEpi == Epilogue::Plain ||
+                    (kMode == Mode::M && kSchedule == Schedule::PingPong && BN == 128),
+                "fused epilogues: varlen-M, ping-pong 128 x 128");
+  static constexpr Config kConfig{kMode, kSchedule, BN, kGather, kEpi};
   static constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
   static constexpr bool kAKMajor = kMode == Mode::M;
   static constexpr GMMA::Major kMajA = kAKMajor ? GMMA::Major::K : GMMA::Major::MN;
@@ -96,6 +103,14 @@ struct Params {
   int groups;
   int m, n, k;
   int* err_flag;
+  // The fused epilogues (args.h). SwiGLU: tma_b is B's gate half and tma_b2 its up half
+  // (F columns each), tma_d and tma_d2 the two halves of pre; DGated: tma_d and tma_d2 the
+  // two halves of dpre. tma_act: act [m, F] (ragged, like tma_d).
+  CUtensorMap tma_b2, tma_d2, tma_act;
+  const void* pre;  // DGated: [m, 2F]
+  const float* scale;
+  float* partial;
+  int f;  // F
   // Gathered A (Cfg::kGather): the activations [a_rows, K] with row stride lda, and the
   // int32 row of each of the m packed rows.
   const void* a;

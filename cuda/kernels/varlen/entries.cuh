@@ -7,19 +7,20 @@
 
 namespace gmm::varlen {
 
-// Runs one call with configuration (kMode, BN, S, kGather) for element type T; varlen-M
+// Runs one call with configuration (kMode, BN, S, kGather, E) for element type T; varlen-M
 // picks the instantiation of the weights' major.
-template <class T, Mode kMode, int BN, Schedule S, bool kGather>
+template <class T, Mode kMode, int BN, Schedule S, bool kGather, Epilogue E>
 std::string run_config(const Args& x) {
   if constexpr (kMode == Mode::M) {
-    return x.b_k_major ? run<Cfg<T, Mode::M, true, BN, S, kGather>>(x)
-                       : run<Cfg<T, Mode::M, false, BN, S, kGather>>(x);
+    return x.b_k_major ? run<Cfg<T, Mode::M, true, BN, S, kGather, E>>(x)
+                       : run<Cfg<T, Mode::M, false, BN, S, kGather, E>>(x);
   } else {
     return run<Cfg<T, Mode::K, false, BN, S>>(x);
   }
 }
 
-template <class T, DType DT, Mode kMode, int BN, Schedule S, bool kGather = false>
+template <class T, DType DT, Mode kMode, int BN, Schedule S, bool kGather = false,
+          Epilogue E = Epilogue::Plain>
 constexpr KernelEntry entry() {
   return KernelEntry{Engine::kSm90Varlen,
                      DT,
@@ -27,8 +28,8 @@ constexpr KernelEntry entry() {
                      Sm90Tile::kNone,
                      nullptr,
                      nullptr,
-                     Config{kMode, S, BN, kGather},
-                     &run_config<T, kMode, BN, S, kGather>};
+                     Config{kMode, S, BN, kGather, E},
+                     &run_config<T, kMode, BN, S, kGather, E>};
 }
 
 }  // namespace gmm::varlen

@@ -163,4 +163,200 @@ __device__ __forceinline__ void pp_epilogue(const Params& p, const Tile& tile, c
   }
 }
 
+// ---------------------------------------------------------------------------------------
+// The fused epilogues of ping-pong 128 x 128 tiles (args.h: SwiGLU, DGated). Each writes up
+// to two 64-column output chunks per stage through the warpgroup's two chunk buffers: a
+// stage first waits for all of the warpgroup's earlier stores to have read them (the
+// epilogue runs under the other warpgroup's mainloop, which a 128 x 128 x K tile keeps
+// busy for several microseconds, so the wait costs the tensor cores nothing). Fragment
+// element i = 64 mb + 4 (8 j + jj) + 2 v1 + v0 is at row 64 mb + 16 wq + lane/4 + 8 v1 and
+// column 64 j + 8 jj + 2 (lane % 4) + v0 of the tile.
+
+template <class T>
+__device__ __forceinline__ float2 unpack(uint32_t v) {
+  if constexpr (std::is_same_v<T, cutlass::bfloat16_t>) {
+    return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&v));
+  } else {
+    return __half22float2(*reinterpret_cast<__half2*>(&v));
+  }
+}
+
+__device__ __forceinline__ float sigmoid(float x) { return __frcp_rn(1.f + __expf(-x)); }
+
+// The tile's 128 rows of one 64-column chunk buffer to `map` (ragged over [m, F]) at `col`.
+__device__ __forceinline__ void store_chunk(const CUtensorMap* map, const Tile& tile,
+                                            const unsigned char* buf, int col) {
+  const int r = big() - tile.len + (tile.m0 - tile.start);
+  SM90_TMA_STORE_4D::copy(map, buf, col, r, big(), tile.start + tile.len);
+  SM90_TMA_STORE_4D::copy(map, buf + 64 * 128, col, r + 64, big(), tile.start + tile.len);
+}
+
+// One stage: `fill(offset_of, slot)` writes the chunk values with st_pair(buffer, mb, jj, v1,
+// value); then buffer 0 goes to (map0, col) and, when map1 is set, buffer 1 to (map1, col).
+template <class Fill>
+__device__ __forceinline__ void fused_stage(const Tile& tile, unsigned char* bufs, int cwg, int lt,
+                                            const CUtensorMap* map0, const CUtensorMap* map1,
+                                            int col, Fill&& fill) {
+  constexpr int kBuf = 128 * 128;
+  if (lt == 0) tma_store_wait<0>();
+  cutlass::arch::NamedBarrier::sync(128, kEpilogueBar + cwg);
+  const int lane = lt % 32, wq = lt / 32, sw = lane / 4;
+  uint32_t base = cast_smem_ptr_to_uint(bufs) + uint32_t((wq * 16 + sw) * 128 + (lane % 4) * 4);
+  asm volatile("" : "+r"(base));
+  auto st = [&](int b, int mb, int jj, int v1, uint32_t v) {
+    const uint32_t off = uint32_t(b * kBuf + (64 * mb + 8 * v1) * 128) + uint32_t((jj ^ sw) << 4);
+    asm volatile("st.shared.b32 [%0], %1;" ::"r"(base + off), "r"(v) : "memory");
+  };
+  fill(st);
+  cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> the TMA unit
+  cutlass::arch::NamedBarrier::sync(128, kEpilogueBar + cwg);
+  if (lt == 0) {
+    store_chunk(map0, tile, bufs, col);
+    if (map1 != nullptr) store_chunk(map1, tile, bufs + kBuf, col);
+    tma_store_arrive();
+  }
+}
+
+// SwiGLU: the tile is 64 gate columns (j = 0) and the same 64 up columns (j = 1) of the
+// product, at column j0 = n0 / 2 of each half. Stage 1 stores both halves of the
+// pre-activation, stage 2 act = silu(gate) * up from the fp32 values.
+template <class C, bool kZeros, class Acc>
+__device__ __forceinline__ void pp_swiglu(const Params& p, const Tile& tile, const Acc& acc,
+                                          unsigned char* bufs, int cwg, int lt) {
+  using T = typename C::T;
+  const int j0 = tile.n0 / 2;
+  fused_stage(tile, bufs, cwg, lt, &p.tma_d, &p.tma_d2, j0, [&](auto st) {
+    CUTE_UNROLL
+    for (int mb = 0; mb < 2; ++mb) CUTE_UNROLL
+    for (int jj = 0; jj < 8; ++jj) CUTE_UNROLL
+    for (int v1 = 0; v1 < 2; ++v1) {
+      const int i = 64 * mb + 4 * jj + 2 * v1;
+      if constexpr (kZeros) {
+        st(0, mb, jj, v1, 0u);
+        st(1, mb, jj, v1, 0u);
+      } else {
+        st(0, mb, jj, v1, pack<T>(acc(i), acc(i + 1)));
+        st(1, mb, jj, v1, pack<T>(acc(i + 32), acc(i + 33)));
+      }
+    }
+  });
+  fused_stage(tile, bufs, cwg, lt, &p.tma_act, nullptr, j0, [&](auto st) {
+    CUTE_UNROLL
+    for (int mb = 0; mb < 2; ++mb) CUTE_UNROLL
+    for (int jj = 0; jj < 8; ++jj) CUTE_UNROLL
+    for (int v1 = 0; v1 < 2; ++v1) {
+      const int i = 64 * mb + 4 * jj + 2 * v1;
+      if constexpr (kZeros) {
+        st(0, mb, jj, v1, 0u);
+      } else {
+        const float a0 = acc(i) * sigmoid(acc(i)) * acc(i + 32);
+        const float a1 = acc(i + 1) * sigmoid(acc(i + 1)) * acc(i + 33);
+        st(0, mb, jj, v1, pack<T>(a0, a1));
+      }
+    }
+  });
+}
+
+// DGated: the tile's 128 columns are p = dY . W^T for columns n0 .. n0 + 127 of F, read with
+// the pre-activation (gate g, up u) and the row scale s of each row. Per 64-column chunk:
+// stage 1 stores dgate = s p u sig (1 + g (1 - sig)) and dup = s p silu(g) to the two halves
+// of dpre and sums p silu(g) u per row into partial[chunk, row]; stage 2 stores
+// act = s silu(g) u (g and u read again: they are in L1/L2). Rows past the group's end are
+// another tile's: not read, not written.
+template <class C, bool kZeros, class Acc>
+__device__ __forceinline__ void pp_dgated(const Params& p, const Tile& tile, const Acc& acc,
+                                          unsigned char* bufs, int cwg, int lt) {
+  using T = typename C::T;
+  const int lane = lt % 32, wq = lt / 32;
+  const int end = tile.start + tile.len, f = p.f;
+  const uint32_t* pre = static_cast<const uint32_t*>(p.pre);  // bf16/f16 pairs
+  const int64_t pre_ld = f;                                   // pairs per row (2F elements)
+  int rows[2][2];
+  float s[2][2];
+  CUTE_UNROLL
+  for (int mb = 0; mb < 2; ++mb) CUTE_UNROLL
+  for (int v1 = 0; v1 < 2; ++v1) {
+    const int r = tile.m0 + 64 * mb + 16 * wq + lane / 4 + 8 * v1;
+    rows[mb][v1] = r < end ? r : -1;
+    s[mb][v1] = (!kZeros && r < end) ? __ldg(p.scale + r) : 0.f;
+  }
+  // g and u of (mb, jj, v1) in chunk j: the pairs at column c, c + 1 of each half
+  auto gu = [&](int mb, int v1, int c, float2& g, float2& u) {
+    const int r = rows[mb][v1];
+    if (r < 0 || c >= f) {
+      g = u = make_float2(0.f, 0.f);
+      return;
+    }
+    g = unpack<T>(__ldg(pre + int64_t(r) * pre_ld + c / 2));
+    u = unpack<T>(__ldg(pre + int64_t(r) * pre_ld + (f + c) / 2));
+  };
+  CUTE_UNROLL
+  for (int j = 0; j < 2; ++j) {
+    const int col = tile.n0 + 64 * j;
+    if (col >= f) break;  // the whole chunk is past F (the maps would drop it anyway)
+    float sum[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+    fused_stage(tile, bufs, cwg, lt, &p.tma_d, &p.tma_d2, col, [&](auto st) {
+      CUTE_UNROLL
+      for (int mb = 0; mb < 2; ++mb) CUTE_UNROLL
+      for (int jj = 0; jj < 8; ++jj) CUTE_UNROLL
+      for (int v1 = 0; v1 < 2; ++v1) {
+        if constexpr (kZeros) {
+          st(0, mb, jj, v1, 0u);
+          st(1, mb, jj, v1, 0u);
+        } else {
+          const int i = 64 * mb + 4 * (8 * j + jj) + 2 * v1;
+          float2 g, u;
+          gu(mb, v1, col + 8 * jj + 2 * (lane % 4), g, u);
+          const float sg0 = sigmoid(g.x), sg1 = sigmoid(g.y);
+          const float si0 = g.x * sg0, si1 = g.y * sg1;
+          const float sp0 = s[mb][v1] * acc(i), sp1 = s[mb][v1] * acc(i + 1);
+          sum[mb][v1] += acc(i) * si0 * u.x + acc(i + 1) * si1 * u.y;
+          st(0, mb, jj, v1,
+             pack<T>(sp0 * u.x * sg0 * (1.f + g.x * (1.f - sg0)),
+                     sp1 * u.y * sg1 * (1.f + g.y * (1.f - sg1))));
+          st(1, mb, jj, v1, pack<T>(sp0 * si0, sp1 * si1));
+        }
+      }
+    });
+    // the row sums: the four lanes of a row, then one plain store per (row, chunk)
+    CUTE_UNROLL
+    for (int mb = 0; mb < 2; ++mb) CUTE_UNROLL
+    for (int v1 = 0; v1 < 2; ++v1) {
+      float v = sum[mb][v1];
+      v += __shfl_xor_sync(0xffffffffu, v, 1);
+      v += __shfl_xor_sync(0xffffffffu, v, 2);
+      if (lane % 4 == 0 && rows[mb][v1] >= 0) p.partial[int64_t(col / 64) * p.m + rows[mb][v1]] = v;
+    }
+    fused_stage(tile, bufs, cwg, lt, &p.tma_act, nullptr, col, [&](auto st) {
+      CUTE_UNROLL
+      for (int mb = 0; mb < 2; ++mb) CUTE_UNROLL
+      for (int jj = 0; jj < 8; ++jj) CUTE_UNROLL
+      for (int v1 = 0; v1 < 2; ++v1) {
+        if constexpr (kZeros) {
+          st(0, mb, jj, v1, 0u);
+        } else {
+          float2 g, u;
+          gu(mb, v1, col + 8 * jj + 2 * (lane % 4), g, u);
+          const float sc = s[mb][v1];
+          st(0, mb, jj, v1, pack<T>(sc * g.x * sigmoid(g.x) * u.x, sc * g.y * sigmoid(g.y) * u.y));
+        }
+      }
+    });
+  }
+}
+
+// The epilogue of ping-pong tile: the plain one or a fused one.
+template <class C, bool kZeros, class Acc>
+__device__ __forceinline__ void pp_store(const Params& p, const Tile& tile, const Acc& acc,
+                                         unsigned char* smem_d, int cwg, int lt, int& chunk) {
+  unsigned char* bufs = smem_d + cwg * 2 * (C::BM * 128);
+  if constexpr (C::kEpi == Epilogue::SwiGLU) {
+    pp_swiglu<C, kZeros>(p, tile, acc, bufs, cwg, lt);
+  } else if constexpr (C::kEpi == Epilogue::DGated) {
+    pp_dgated<C, kZeros>(p, tile, acc, bufs, cwg, lt);
+  } else {
+    pp_epilogue<C, kZeros>(p, tile, acc, smem_d, cwg, lt, chunk);
+  }
+}
+
 }  // namespace gmm::varlen

@@ -91,12 +91,12 @@ __device__ __forceinline__ void consume_pingpong(const Params& p, Pipeline& pipe
     };
     if (kbs == 0) {
       hand_off();
-      pp_epilogue<C, true>(p, tile, 0, smem_d, cwg, lt, chunk);
+      pp_store<C, true>(p, tile, 0, smem_d, cwg, lt, chunk);
       continue;
     }
     Tensor acc = partition_fragment_C(mma, Shape<Int<BM>, Int<BN>>{});
     mma_tile<C>(mma, tCrA, tCrB, acc, pipeline, rs, fs, kbs, hand_off);
-    pp_epilogue<C, false>(p, tile, acc, smem_d, cwg, lt, chunk);
+    pp_store<C, false>(p, tile, acc, smem_d, cwg, lt, chunk);
   }
   if (lt == 0) tma_store_wait<0>();
 }

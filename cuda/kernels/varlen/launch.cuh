@@ -68,7 +68,24 @@ std::string run(const Args& x) {
       const uint32_t ba[2] = {C::BK, C::BM};
       err = encode(&p.tma_a, dt, 2, x.a, da, sa, ba, "A [T, K]");
     }
-    if (err.empty()) {
+    if (err.empty() && C::kEpi == Epilogue::SwiGLU) {
+      // B's gate and up halves, F columns each, read 64 columns at a time.
+      const int64_t f = x.n / 2;
+      const uint64_t sb[2] = {uint64_t(x.ldb) * es, uint64_t(x.ldb_batch) * es};
+      const char* b = static_cast<const char*>(x.b);
+      const char* up = b + (C::kBKMajor ? f * x.ldb : f) * int64_t(es);
+      if constexpr (C::kBKMajor) {
+        const uint64_t db[3] = {d1(x.k), d1(f), d1(x.groups)};
+        const uint32_t bb[3] = {C::BK, 64, 1};
+        err = encode(&p.tma_b, dt, 3, b, db, sb, bb, "B gate half [G, F, K] (K-major)");
+        if (err.empty()) err = encode(&p.tma_b2, dt, 3, up, db, sb, bb, "B up half (K-major)");
+      } else {
+        const uint64_t db[3] = {d1(f), d1(x.k), d1(x.groups)};
+        const uint32_t bb[3] = {64, C::BK, 1};
+        err = encode(&p.tma_b, dt, 3, b, db, sb, bb, "B gate half [G, K, F] (N-major)");
+        if (err.empty()) err = encode(&p.tma_b2, dt, 3, up, db, sb, bb, "B up half (N-major)");
+      }
+    } else if (err.empty()) {
       const uint64_t sb[2] = {uint64_t(x.ldb) * es, uint64_t(x.ldb_batch) * es};
       if constexpr (C::kBKMajor) {
         const uint64_t db[3] = {d1(x.k), d1(x.n), d1(x.groups)};
@@ -80,8 +97,22 @@ std::string run(const Args& x) {
         err = encode(&p.tma_b, dt, 3, x.b, db, sb, bb, "B [G, K, N] (N-major)");
       }
     }
-    if (err.empty())
-      err = encode_ragged(&p.tma_d, dt, x.d, x.n, x.ldd, 64, 64, "D [T, N] (ragged)");
+    if constexpr (C::kEpi == Epilogue::Plain) {
+      if (err.empty())
+        err = encode_ragged(&p.tma_d, dt, x.d, x.n, x.ldd, 64, 64, "D [T, N] (ragged)");
+    } else {
+      // The two F-column halves of d (SwiGLU: pre; DGated: dpre) and act [T, F].
+      const int f = C::kEpi == Epilogue::SwiGLU ? x.n / 2 : x.n;
+      p.f = f;
+      p.pre = x.pre;
+      p.scale = x.scale;
+      p.partial = x.partial;
+      const char* d = static_cast<const char*>(x.d);
+      if (err.empty()) err = encode_ragged(&p.tma_d, dt, d, f, x.ldd, 64, 64, "D gate half");
+      if (err.empty())
+        err = encode_ragged(&p.tma_d2, dt, d + f * es, f, x.ldd, 64, 64, "D up half");
+      if (err.empty()) err = encode_ragged(&p.tma_act, dt, x.act, f, f, 64, 64, "act [T, F]");
+    }
   } else {
     err = encode_ragged(&p.tma_a, dt, x.a, x.m, x.lda, 64, C::BK, "A = x^T (ragged)");
     if (err.empty())

@@ -25,7 +25,18 @@ template <class C>
 __device__ __forceinline__ void load_b_m(const Params& p, const Tile& tile, int kb, uint64_t* bar,
                                          typename C::T* sb) {
   const uint64_t hint = static_cast<uint64_t>(TMA::CacheHintSm90::EVICT_NORMAL);
-  if constexpr (C::kBKMajor) {
+  if constexpr (C::kEpi == Epilogue::SwiGLU) {
+    // The tile's 64 gate columns, then the same 64 columns of the up half: both 64 x BK
+    // boxes land where a 128-column tile's two halves would (either major).
+    const int j0 = tile.n0 / 2;
+    if constexpr (C::kBKMajor) {
+      SM90_TMA_LOAD_3D::copy(&p.tma_b, bar, hint, sb, kb * C::BK, j0, tile.group);
+      SM90_TMA_LOAD_3D::copy(&p.tma_b2, bar, hint, sb + 64 * C::BK, kb * C::BK, j0, tile.group);
+    } else {
+      SM90_TMA_LOAD_3D::copy(&p.tma_b, bar, hint, sb, j0, kb * C::BK, tile.group);
+      SM90_TMA_LOAD_3D::copy(&p.tma_b2, bar, hint, sb + 64 * C::BK, j0, kb * C::BK, tile.group);
+    }
+  } else if constexpr (C::kBKMajor) {
     SM90_TMA_LOAD_3D::copy(&p.tma_b, bar, hint, sb, kb * C::BK, tile.n0, tile.group);
   } else {
     CUTE_UNROLL
@@ -41,7 +52,8 @@ __device__ __forceinline__ void load_b_m(const Params& p, const Tile& tile, int 
 // units XOR-ed with row % 8): thread pt owns unit pt % 8 of rows pt / 8 + 16 i. Each thread's
 // cp.async completions arrive on the stage's full barrier (noinc: the barrier counts 1 + 128
 // arrivals); thread 0 adds the B tile by TMA. Rows past the group's end, rows whose index is
-// out of [0, a_rows) and columns past K are zero-filled without reading memory.
+// out of [0, a_rows) and columns past K are zero-filled without reading memory; an index out
+// of range also sets the deferred error flag to kErrIndex (reported at the next call).
 template <class C, class Pipeline, class Sched>
 __device__ __forceinline__ void produce_gathered(const Params& p, Pipeline& pipeline, Sched& sched,
                                                  typename C::Smem& smem, int pt) {
@@ -65,7 +77,10 @@ __device__ __forceinline__ void produce_gathered(const Params& p, Pipeline& pipe
       int v = -1;
       if (row < end) {
         v = __ldg(p.gather + row);
-        if (v < 0 || v >= p.a_rows) v = -1;
+        if (v < 0 || v >= p.a_rows) {
+          v = -1;
+          if (p.err_flag != nullptr) *reinterpret_cast<volatile int*>(p.err_flag) = kErrIndex;
+        }
       }
       src[i] = v;
     }

@@ -129,7 +129,7 @@ __device__ inline void check_offs(const int* offs, int groups, int ext, int* fla
     if (g < groups && (v < 0 || v > ext || v < prev)) bad = true;
     prev_last = __shfl_sync(0xffffffffu, v, 31);
   }
-  if (__any_sync(0xffffffffu, bad) && lane == 0) *reinterpret_cast<volatile int*>(flag) = 1;
+  if (__any_sync(0xffffffffu, bad) && lane == 0) *reinterpret_cast<volatile int*>(flag) = kErrOffs;
 }
 
 }  // namespace gmm::varlen
