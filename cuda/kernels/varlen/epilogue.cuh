@@ -183,6 +183,28 @@ __device__ __forceinline__ float2 unpack(uint32_t v) {
 
 __device__ __forceinline__ float sigmoid(float x) { return __frcp_rn(1.f + __expf(-x)); }
 
+// Every fragment pair (mb, jj, v1) of a 64-column chunk, and every row (mb, v1) of a thread.
+template <class F>
+__device__ __forceinline__ void each_pair(F&& f) {
+  CUTE_UNROLL
+  for (int mb = 0; mb < 2; ++mb) {
+    CUTE_UNROLL
+    for (int jj = 0; jj < 8; ++jj) {
+      CUTE_UNROLL
+      for (int v1 = 0; v1 < 2; ++v1) f(mb, jj, v1);
+    }
+  }
+}
+
+template <class F>
+__device__ __forceinline__ void each_row(F&& f) {
+  CUTE_UNROLL
+  for (int mb = 0; mb < 2; ++mb) {
+    CUTE_UNROLL
+    for (int v1 = 0; v1 < 2; ++v1) f(mb, v1);
+  }
+}
+
 // The tile's 128 rows of one 64-column chunk buffer to `map` (ragged over [m, F]) at `col`.
 __device__ __forceinline__ void store_chunk(const CUtensorMap* map, const Tile& tile,
                                             const unsigned char* buf, int col) {
@@ -226,10 +248,7 @@ __device__ __forceinline__ void pp_swiglu(const Params& p, const Tile& tile, con
   using T = typename C::T;
   const int j0 = tile.n0 / 2;
   fused_stage(tile, bufs, cwg, lt, &p.tma_d, &p.tma_d2, j0, [&](auto st) {
-    CUTE_UNROLL
-    for (int mb = 0; mb < 2; ++mb) CUTE_UNROLL
-    for (int jj = 0; jj < 8; ++jj) CUTE_UNROLL
-    for (int v1 = 0; v1 < 2; ++v1) {
+    each_pair([&](int mb, int jj, int v1) {
       const int i = 64 * mb + 4 * jj + 2 * v1;
       if constexpr (kZeros) {
         st(0, mb, jj, v1, 0u);
@@ -238,13 +257,10 @@ __device__ __forceinline__ void pp_swiglu(const Params& p, const Tile& tile, con
         st(0, mb, jj, v1, pack<T>(acc(i), acc(i + 1)));
         st(1, mb, jj, v1, pack<T>(acc(i + 32), acc(i + 33)));
       }
-    }
+    });
   });
   fused_stage(tile, bufs, cwg, lt, &p.tma_act, nullptr, j0, [&](auto st) {
-    CUTE_UNROLL
-    for (int mb = 0; mb < 2; ++mb) CUTE_UNROLL
-    for (int jj = 0; jj < 8; ++jj) CUTE_UNROLL
-    for (int v1 = 0; v1 < 2; ++v1) {
+    each_pair([&](int mb, int jj, int v1) {
       const int i = 64 * mb + 4 * jj + 2 * v1;
       if constexpr (kZeros) {
         st(0, mb, jj, v1, 0u);
@@ -253,7 +269,7 @@ __device__ __forceinline__ void pp_swiglu(const Params& p, const Tile& tile, con
         const float a1 = acc(i + 1) * sigmoid(acc(i + 1)) * acc(i + 33);
         st(0, mb, jj, v1, pack<T>(a0, a1));
       }
-    }
+    });
   });
 }
 
@@ -273,13 +289,11 @@ __device__ __forceinline__ void pp_dgated(const Params& p, const Tile& tile, con
   const int64_t pre_ld = f;                                   // pairs per row (2F elements)
   int rows[2][2];
   float s[2][2];
-  CUTE_UNROLL
-  for (int mb = 0; mb < 2; ++mb) CUTE_UNROLL
-  for (int v1 = 0; v1 < 2; ++v1) {
+  each_row([&](int mb, int v1) {
     const int r = tile.m0 + 64 * mb + 16 * wq + lane / 4 + 8 * v1;
     rows[mb][v1] = r < end ? r : -1;
     s[mb][v1] = (!kZeros && r < end) ? __ldg(p.scale + r) : 0.f;
-  }
+  });
   // g and u of (mb, jj, v1) in chunk j: the pairs at column c, c + 1 of each half
   auto gu = [&](int mb, int v1, int c, float2& g, float2& u) {
     const int r = rows[mb][v1];
@@ -296,10 +310,7 @@ __device__ __forceinline__ void pp_dgated(const Params& p, const Tile& tile, con
     if (col >= f) break;  // the whole chunk is past F (the maps would drop it anyway)
     float sum[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
     fused_stage(tile, bufs, cwg, lt, &p.tma_d, &p.tma_d2, col, [&](auto st) {
-      CUTE_UNROLL
-      for (int mb = 0; mb < 2; ++mb) CUTE_UNROLL
-      for (int jj = 0; jj < 8; ++jj) CUTE_UNROLL
-      for (int v1 = 0; v1 < 2; ++v1) {
+      each_pair([&](int mb, int jj, int v1) {
         if constexpr (kZeros) {
           st(0, mb, jj, v1, 0u);
           st(1, mb, jj, v1, 0u);
@@ -316,22 +327,17 @@ __device__ __forceinline__ void pp_dgated(const Params& p, const Tile& tile, con
                      sp1 * u.y * sg1 * (1.f + g.y * (1.f - sg1))));
           st(1, mb, jj, v1, pack<T>(sp0 * si0, sp1 * si1));
         }
-      }
+      });
     });
     // the row sums: the four lanes of a row, then one plain store per (row, chunk)
-    CUTE_UNROLL
-    for (int mb = 0; mb < 2; ++mb) CUTE_UNROLL
-    for (int v1 = 0; v1 < 2; ++v1) {
+    each_row([&](int mb, int v1) {
       float v = sum[mb][v1];
       v += __shfl_xor_sync(0xffffffffu, v, 1);
       v += __shfl_xor_sync(0xffffffffu, v, 2);
       if (lane % 4 == 0 && rows[mb][v1] >= 0) p.partial[int64_t(col / 64) * p.m + rows[mb][v1]] = v;
-    }
+    });
     fused_stage(tile, bufs, cwg, lt, &p.tma_act, nullptr, col, [&](auto st) {
-      CUTE_UNROLL
-      for (int mb = 0; mb < 2; ++mb) CUTE_UNROLL
-      for (int jj = 0; jj < 8; ++jj) CUTE_UNROLL
-      for (int v1 = 0; v1 < 2; ++v1) {
+      each_pair([&](int mb, int jj, int v1) {
         if constexpr (kZeros) {
           st(0, mb, jj, v1, 0u);
         } else {
@@ -340,12 +346,12 @@ __device__ __forceinline__ void pp_dgated(const Params& p, const Tile& tile, con
           const float sc = s[mb][v1];
           st(0, mb, jj, v1, pack<T>(sc * g.x * sigmoid(g.x) * u.x, sc * g.y * sigmoid(g.y) * u.y));
         }
-      }
+      });
     });
   }
 }
 
-// The epilogue of ping-pong tile: the plain one or a fused one.
+// The epilogue of a ping-pong tile: the plain one or a fused one.
 template <class C, bool kZeros, class Acc>
 __device__ __forceinline__ void pp_store(const Params& p, const Tile& tile, const Acc& acc,
                                          unsigned char* smem_d, int cwg, int lt, int& chunk) {
