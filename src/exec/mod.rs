@@ -4,8 +4,9 @@
 //! of [`crate::cpu`], or the CUDA launchers of `cuda/` through [`cuda`]) → backward
 //! composition (`dA = dC·Bᵀ`, `dB = Aᵀ·dC` on transposed descriptions, no copies), for
 //! the packed and the list forms, written once; the gathered product of the MoE forward
-//! ([`packed_gather`]) and the row ops of the MoE glue ([`rows`]) go the same way. See
-//! ARCHITECTURE.md.
+//! ([`packed_gather`]), the fused expert products ([`fused`]: a GroupedM product with a
+//! SwiGLU or dGated epilogue) and the row ops of the MoE glue ([`rows`]) go the same way.
+//! See ARCHITECTURE.md.
 //!
 //! The engine never sees a Python object or an ndarray type. A face ([`crate::api`] on
 //! ndarray, `crate::python` on torch tensors and numpy arrays) describes each array as a
@@ -24,6 +25,7 @@
 
 pub(crate) mod cuda;
 pub(crate) mod ffi;
+pub(crate) mod fused;
 pub(crate) mod rows;
 
 use crate::cpu;
@@ -455,7 +457,11 @@ pub unsafe fn packed_gather<R: Runtime>(
     into_target(rt, None, &plan.out_shape, dtype, x.device, |rt, c| {
         if let Device::Cuda(_) = x.device {
             // SAFETY: forwarded contract; `c` is a fresh output.
-            if unsafe { cuda::packed(rt, &plan, x, w, offs, Some(&src), c)? } {
+            let gather = cuda::Fusion {
+                src: Some(&src),
+                ..cuda::Fusion::default()
+            };
+            if unsafe { cuda::packed(rt, &plan, x, w, offs, &gather, c)? } {
                 return Ok(());
             }
         }
@@ -497,7 +503,7 @@ unsafe fn run_packed<R: Runtime>(
     match a.device {
         Device::Cuda(_) => {
             // SAFETY: forwarded contract.
-            unsafe { cuda::packed(rt, plan, a, b, offs, None, c) }.map(|_| ())
+            unsafe { cuda::packed(rt, plan, a, b, offs, &cuda::Fusion::default(), c) }.map(|_| ())
         }
         Device::Cpu => {
             let problems = cpu::packed_problems(plan, &a.layout, &b.layout, &c.layout, offs_vals);
