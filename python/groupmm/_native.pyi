@@ -166,7 +166,9 @@ def swiglu_mm(
 
     ``x [T, K]``; ``w [E, K, 2F]`` of any strides (either major); ``offs`` int32 ``[E]``;
     ``src`` any integer ``[R]`` (the token of each row; out-of-range values read zero rows
-    and are reported at the next call), absent: ``R = T``, the rows of ``x`` in order.
+    and are reported at the next call), absent: ``R = T``, the rows of ``x`` in order. The
+    rows are read through ``src`` inside the GEMM where a kernel does (``GROUPMM_SM90_GATHER=1``
+    on Hopper), else gathered first as :func:`gather_mm` does.
     ValueError for an odd ``w.shape[-1]`` or shapes that do not fit, TypeError and
     RuntimeError for dtypes and devices unlike ``x``'s."""
 

@@ -6,7 +6,10 @@
 //! memory read, nothing allocated) → on CUDA: operands normalised once, fresh contiguous
 //! outputs, one [`cuda::packed`] request with the epilogue → the outputs, or `None` when
 //! the bridge answers `Unsupported` (no kernel for the device, dtype or alignment; nothing
-//! ran). A `None` is the caller's to compose from plain products and row ops
+//! ran). `swiglu_mm` with `src` first asks for the rows read through `src` inside the
+//! product; where no kernel does that (in-GEMM gathering is off by default) it gathers
+//! them first, as `gather_mm` does ([`super::gather_rows`]), and asks for the epilogue
+//! alone. A `None` is the caller's to compose from plain products and row ops
 //! (`groupmm.fused` in Python, where the composition's formulas live with the glue): the
 //! engine composes nothing here. No host sync: `offs` is read on the device only, and an
 //! earlier call's invalid `offs` is raised as every packed call raises it.
@@ -20,7 +23,8 @@ use crate::shape;
 /// The up projection with its activation: `pre = x[src] · w[g]` (`[R, 2F]`, `[gate | up]`)
 /// and `act = silu(gate) * up` (`[R, F]`, from the fp32 product), both fresh, contiguous,
 /// of `x`'s dtype; `src` absent: `R = T`, the rows of `x` in order. `None` on the CPU and
-/// where no kernel runs it.
+/// where no kernel runs the epilogue (with `src`: after gathering the rows first, when no
+/// kernel reads them through `src`).
 ///
 /// # Safety
 /// As [`super::packed`].
@@ -50,13 +54,26 @@ pub unsafe fn swiglu_mm<R: Runtime>(
     let shapes = dims.out_shapes();
     let (pre, pre_t) = rt.alloc(&shapes[0], x.dtype, x.device)?;
     let (act, act_t) = rt.alloc(&shapes[1], x.dtype, x.device)?;
-    let fusion = cuda::Fusion {
-        src: src.as_ref(),
+    let fusion = |src| cuda::Fusion {
+        src,
         epilogue: cuda::Epilogue::SwiGLU { act: &act_t },
     };
-    let (a, b) = (&ops.t[0], &ops.t[1]);
+    let (x, w, offs) = (&ops.t[0], &ops.t[1], ops.offs.as_ref());
+    let (plan, asked) = (&dims.product, fusion(src.as_ref()));
     // SAFETY: forwarded contract; the outputs are fresh and contiguous.
-    let ran = unsafe { cuda::packed(rt, &dims.product, a, b, ops.offs.as_ref(), &fusion, &pre_t)? };
+    if unsafe { cuda::packed(rt, plan, x, w, offs, &asked, &pre_t)? } {
+        return Ok(Some([pre, act]));
+    }
+    let Some(src) = &src else {
+        return Ok(None);
+    };
+    // No kernel reads the rows through `src` inside this product (in-GEMM gathering is
+    // off by default): gather them first, as gather_mm does, and ask for the epilogue
+    // alone.
+    // SAFETY: forwarded contract; `src` contiguous int32.
+    let (_keep, rows) = unsafe { super::gather_rows(rt, x, src)? };
+    // SAFETY: as above; `rows` lives until `_keep` drops, after the call.
+    let ran = unsafe { cuda::packed(rt, plan, &rows, w, offs, &fusion(None), &pre_t)? };
     Ok(ran.then_some([pre, act]))
 }
 

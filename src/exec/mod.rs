@@ -465,26 +465,44 @@ pub unsafe fn packed_gather<R: Runtime>(
                 return Ok(());
             }
         }
-        let x = contiguous(rt, x)?;
-        let (_keep, a) = rt.alloc(&[plan.m, plan.k], x.dtype, x.device)?;
-        let gather = shape::RowsDims {
-            op: shape::RowsOp::GatherSum,
-            tokens: plan.m,
-            top_k: 1,
-            rows: x.layout.shape[0],
-            cols: plan.k,
-        };
-        let p = cpu::rows::RowPtrs {
-            x: x.ptr,
-            inverse: src.ptr,
-            out: a.ptr,
-            ..Default::default()
-        };
-        // SAFETY: forwarded contract; `x` and `src` contiguous, `a` fresh `[R, K]`.
-        unsafe { rows::launch(rt, &gather, x.device, (x.dtype, x.dtype), p)? };
+        // SAFETY: forwarded contract.
+        let (_keep, a) = unsafe { gather_rows(rt, x, &src)? };
         // SAFETY: as for `packed`; `a` is alive until `_keep` drops, after the product.
         unsafe { run_packed(rt, &plan, &a, w, offs, offs_vals.as_deref(), c) }
     })
+}
+
+/// The rows `x[src[r]]` of a gathered product in a fresh contiguous `[R, K]` (a row
+/// whose `src` is out of range: zeros): the row op `GatherSum` with `src` as a one-column
+/// `inverse` (row `r` sums the one row `src[r]`). The output object keeps the rows alive.
+///
+/// # Safety
+/// As [`packed`]; `x` is 2-D and `src` contiguous int32 (validated by
+/// [`shape::plan_gather`], made so by [`contiguous_int32`]).
+unsafe fn gather_rows<R: Runtime>(
+    rt: &mut R,
+    x: &Tensor,
+    src: &IntTensor,
+) -> Result<Output<R::Out>> {
+    let x = contiguous(rt, x)?;
+    let (rows, k) = (src.layout.shape[0], x.layout.shape[1]);
+    let out = rt.alloc(&[rows, k], x.dtype, x.device)?;
+    let gather = shape::RowsDims {
+        op: shape::RowsOp::GatherSum,
+        tokens: rows,
+        top_k: 1,
+        rows: x.layout.shape[0],
+        cols: k,
+    };
+    let p = cpu::rows::RowPtrs {
+        x: x.ptr,
+        inverse: src.ptr,
+        out: out.1.ptr,
+        ..Default::default()
+    };
+    // SAFETY: forwarded contract; `x` and `src` contiguous, the output fresh `[R, K]`.
+    unsafe { rows::launch(rt, &gather, x.device, (x.dtype, x.dtype), p)? };
+    Ok(out)
 }
 
 /// Runs a validated packed product into the target `c` (shape `plan.out_shape`).
