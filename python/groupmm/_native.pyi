@@ -15,6 +15,7 @@ import torch
 __all__ = [
     "__version__",
     "build_info",
+    "dgated_mm",
     "gather_mm",
     "gather_sum",
     "grouped_mm",
@@ -27,6 +28,7 @@ __all__ = [
     "scatter_rows",
     "swiglu",
     "swiglu_backward",
+    "swiglu_mm",
     "take_offs_error",
 ]
 __version__: str
@@ -146,6 +148,47 @@ def gather_mm(
     """``out[r] = x[src[r]] @ w[g]`` for the rows ``r`` of group ``g`` (``src``: the token
     of each routed row, any integer dtype; int32 ``offs``); rows whose ``src`` is out of
     range are zero rows of the product's A."""
+
+# The fused expert products (src/exec/fused.rs): one GroupedM product whose epilogue does
+# the glue; a fresh result, or None (after every argument check, on every device) where no
+# fused kernel runs: on the CPU (nothing is read or allocated), or on a GPU, dtype or
+# alignment without one (nothing ran). The caller then composes the same result
+# (groupmm.fused). Never a host sync: a bad ``offs`` is reported at the next call, as by
+# grouped_mm.
+
+def swiglu_mm(
+    x: _Rows, w: _Rows, offs: _Rows, src: Optional[_Rows] = None
+) -> Optional[Tuple[_Rows, _Rows]]:
+    """The up projection and SwiGLU of a routed expert block: ``(pre, act)`` with
+    ``pre[r] = x[src[r]] @ w[g]`` (``[R, 2F]``, ``[gate | up]``) for the rows ``r`` of
+    group ``g`` and ``act = silu(gate) * up`` (``[R, F]``, from the float32 product),
+    contiguous, ``x``'s dtype; rows past ``offs[-1]`` are zeros.
+
+    ``x [T, K]``; ``w [E, K, 2F]`` of any strides (either major); ``offs`` int32 ``[E]``;
+    ``src`` any integer ``[R]`` (the token of each row; out-of-range values read zero rows
+    and are reported at the next call), absent: ``R = T``, the rows of ``x`` in order. The
+    rows are read through ``src`` inside the GEMM where a kernel does (``GROUPMM_SM90_GATHER=1``
+    on Hopper), else gathered first as :func:`gather_mm` does.
+    ValueError for an odd ``w.shape[-1]`` or shapes that do not fit, TypeError and
+    RuntimeError for dtypes and devices unlike ``x``'s."""
+
+def dgated_mm(
+    dy: _Rows, w: _Rows, offs: _Rows, pre: _Rows, scale: _Rows
+) -> Optional[Tuple[_Rows, _Rows, _Rows]]:
+    """The backward of a routed SwiGLU expert's down projection through its router weight:
+    with ``p = dy @ w[g].T`` (float32 ``[R, F]``, never stored), ``gate, up = pre[:, :F],
+    pre[:, F:]``, ``s = scale[:, None]``, ``σ = sigmoid(gate)``: ``(dpre, act, partial)``,
+    ``dpre = [s·p·up·σ·(1 + gate·(1 − σ)) | s·p·gate·σ]`` (``[R, 2F]``), ``act =
+    s·silu(gate)·up`` (``[R, F]``), both ``dy``'s dtype, and float32 ``partial``
+    ``[ceil(F / 64), R]`` whose column sums ``partial.sum(0)[r] = Σ_j p[r, j]·silu(gate)·up``
+    are the router weights' gradient (no atomics); contiguous; rows past ``offs[-1]`` are
+    zeros in every output.
+
+    ``dy [R, D]``; ``w [E, F, D]`` the down projection's weight, any strides; ``offs``
+    int32 ``[E]``; ``pre [R, 2F]`` of ``dy``'s dtype (the saved pre-activation, copied
+    contiguous if it is not); ``scale`` float32 ``[R]`` (each row's router weight).
+    ValueError for shapes that do not fit, TypeError for a ``scale`` that is not float32
+    or dtypes unlike ``dy``'s, RuntimeError for devices unlike ``dy``'s."""
 
 # The row ops of the MoE glue (src/shape/rows.rs): ``inverse [T, k]`` is the row of each
 # token's ``j``-th choice, any integer dtype; operands of any layout (copied contiguous

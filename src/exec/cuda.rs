@@ -222,15 +222,82 @@ fn stream_and_tf32<R: Runtime>(rt: &mut R, device: i32, dtype: DType) -> Result<
     Ok((stream, tf32))
 }
 
+/// What a packed product does beyond `c = a · b`, as the engine asks it: the request's
+/// [`ffi::Fusion`] (whose doc is the contract of each field). `Default`: a plain product.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Fusion<'a> {
+    /// GroupedM only: the contiguous int32 routed-row index `[m]`; A's row `r` is row
+    /// `src[r]` of `a`.
+    pub src: Option<&'a IntTensor>,
+    /// What the epilogue writes, with its contiguous operands.
+    pub epilogue: Epilogue<'a>,
+}
+
+/// The epilogue of a GroupedM product and its operands (contiguous, on the product's
+/// device; extents in [`ffi::Fusion`]'s doc). `c` is the pre-activation (SwiGLU) or its
+/// gradient `dpre` (DGated), `[m, 2F]` both.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) enum Epilogue<'a> {
+    /// `c = p`.
+    #[default]
+    Plain,
+    /// `c = p`, `act = silu(gate) * up`.
+    SwiGLU {
+        /// `[m, F]`, c's dtype.
+        act: &'a Tensor,
+    },
+    /// dSwiGLU through the router weight: `c = dpre`, `act`, `partial`.
+    DGated {
+        /// `[m, F]`, c's dtype: the scaled activation.
+        act: &'a Tensor,
+        /// `[m, 2F]`, c's dtype: the saved pre-activation.
+        pre: &'a Tensor,
+        /// float32 `[m]`: the router weight of each row.
+        scale: &'a Tensor,
+        /// float32 `[ceil(F / 64), m]`: the router-weight gradient's partial sums.
+        partial: &'a Tensor,
+    },
+}
+
+impl Fusion<'_> {
+    /// The bridge's field: addresses, 0 for what is not asked.
+    fn request(&self) -> ffi::Fusion {
+        let ptr = |t: &Tensor| t.ptr as u64;
+        let (epilogue, act, pre, scale, partial) = match self.epilogue {
+            Epilogue::Plain => (ffi::Epilogue::Plain, 0, 0, 0, 0),
+            Epilogue::SwiGLU { act } => (ffi::Epilogue::SwiGLU, ptr(act), 0, 0, 0),
+            Epilogue::DGated {
+                act,
+                pre,
+                scale,
+                partial,
+            } => (
+                ffi::Epilogue::DGated,
+                ptr(act),
+                ptr(pre),
+                ptr(scale),
+                ptr(partial),
+            ),
+        };
+        ffi::Fusion {
+            src: self.src.map_or(0, |o| o.ptr as u64),
+            epilogue,
+            act,
+            pre,
+            scale,
+            partial,
+        }
+    }
+}
+
 /// The request of a packed product whose inputs went through [`readable`] and whose
-/// target `c` is contiguous row-major; `src` (contiguous int32, the routed-row index)
-/// gathers A's rows (the request's fusion).
+/// target `c` is contiguous row-major, with what `fusion` asks beyond `c = a · b`.
 fn packed_request(
     plan: &PackedDims,
     a: &Tensor,
     b: &Tensor,
     offs: Option<&IntTensor>,
-    src: Option<&IntTensor>,
+    fusion: &Fusion<'_>,
     c: &Tensor,
     (stream, allow_tf32): (u64, bool),
 ) -> Result<ffi::PackedRequest> {
@@ -248,22 +315,16 @@ fn packed_request(
         b: kernel_operand(b)?,
         c: kernel_operand(c)?,
         offs: offs.map_or(0, |o| o.ptr as u64),
-        fusion: ffi::Fusion {
-            src: src.map_or(0, |o| o.ptr as u64),
-            epilogue: ffi::Epilogue::Plain,
-            act: 0,
-            pre: 0,
-            scale: 0,
-            partial: 0,
-        },
+        fusion: fusion.request(),
         stream,
     })
 }
 
-/// Runs a validated packed product on CUDA into the contiguous target `c`. With
-/// `src` (a GroupedM plan over its rows; `a` holds the rows it names) the product reads
-/// A's rows through it; `Ok(false)` then says that no kernel here can (nothing ran: the
-/// bridge answered `Unsupported`).
+/// Runs a validated packed product on CUDA into the contiguous target `c`, with what
+/// `fusion` asks beyond `c = a · b` (with `src`: a GroupedM plan over its rows, `a` holds
+/// the rows it names; with an epilogue: its outputs written too). `Ok(false)` says that
+/// no kernel here does what `fusion` asks (nothing ran: the bridge answered
+/// `Unsupported`); a plain product always runs.
 ///
 /// # Safety
 /// The descriptions are of live memory on the device for the whole call.
@@ -273,13 +334,13 @@ pub(super) unsafe fn packed<R: Runtime>(
     a: &Tensor,
     b: &Tensor,
     offs: Option<&IntTensor>,
-    src: Option<&IntTensor>,
+    fusion: &Fusion<'_>,
     c: &Tensor,
 ) -> Result<bool> {
     check_compiled()?;
     let device = device_index(a);
     let st = stream_and_tf32(rt, device, a.dtype)?;
-    let req = packed_request(plan, a, b, offs, src, c, st)?;
+    let req = packed_request(plan, a, b, offs, fusion, c, st)?;
     #[cfg(groupmm_cuda)]
     {
         let (ws, ws_bytes) = rt.cached_workspace(device, st.0);
@@ -536,9 +597,13 @@ mod tests {
             id: 1,
             int32: true,
         };
-        let r = packed_request(&plan, &xt, &dy, Some(&offs), None, &c, (77, false)).unwrap();
+        let plain = Fusion::default();
+        let r = packed_request(&plan, &xt, &dy, Some(&offs), &plain, &c, (77, false)).unwrap();
         assert_eq!(r.form, ffi::Form::GroupedK);
         assert_eq!(r.fusion.src, 0, "no gathered rows unless asked for");
+        assert_eq!(r.fusion.epilogue, ffi::Epilogue::Plain);
+        let f = r.fusion;
+        assert_eq!((f.act, f.pre, f.scale, f.partial), (0, 0, 0, 0));
         assert_eq!((r.groups, r.m, r.n, r.k), (4, 32, 48, 64));
         assert_eq!(
             (r.a.rows, r.a.cols, r.a.ld, r.a.col_major),
@@ -565,11 +630,130 @@ mod tests {
             int32: true,
         };
         let (offs, index) = (at(8192, g), at(4096, rows));
-        let r = packed_request(&plan, &x, &w, Some(&offs), Some(&index), &c, (77, false)).unwrap();
+        let gather = Fusion {
+            src: Some(&index),
+            ..Fusion::default()
+        };
+        let r = packed_request(&plan, &x, &w, Some(&offs), &gather, &c, (77, false)).unwrap();
         assert_eq!(r.form, ffi::Form::GroupedM);
         assert_eq!(
             (r.m, r.n, r.k, r.a.rows, r.fusion.src),
             (24, 8, 16, 10, 4096)
+        );
+        assert_eq!(r.fusion.epilogue, ffi::Epilogue::Plain);
+    }
+
+    /// `swiglu_mm`'s request: the gathered product into `pre` `[R, 2F]` with the SwiGLU
+    /// epilogue writing `act`; nothing of DGated's.
+    #[test]
+    fn swiglu_request_carries_the_activation() {
+        let (rows_x, rows, k, f, g) = (10usize, 24usize, 16usize, 8usize, 3usize);
+        let x = t(&[rows_x, k], &[k as isize, 1]);
+        // w [G, K, 2F] column-major in its last two dims (an [E, 2F, K] weight's view)
+        let w = t(&[g, k, 2 * f], &[(k * 2 * f) as isize, 1, k as isize]);
+        let index = IntTensor {
+            ptr: 4096,
+            layout: Layout::new(&[rows], &[1]),
+            device: Device::Cuda(0),
+            id: 1,
+            int32: true,
+        };
+        let offs = IntTensor {
+            ptr: 8192,
+            ..index.clone()
+        };
+        let d = crate::shape::plan_swiglu_mm(&x.layout, &w.layout, Some(&index.layout), g).unwrap();
+        let [pre, act] = [0, 1].map(|i| Tensor {
+            ptr: 1 << (20 + i),
+            layout: Layout::contiguous(&d.out_shapes()[i]),
+            ..x.clone()
+        });
+        let fusion = Fusion {
+            src: Some(&index),
+            epilogue: Epilogue::SwiGLU { act: &act },
+        };
+        let r =
+            packed_request(&d.product, &x, &w, Some(&offs), &fusion, &pre, (77, false)).unwrap();
+        assert_eq!(r.form, ffi::Form::GroupedM);
+        assert_eq!((r.m, r.n, r.k, r.a.rows), (24, 16, 16, 10));
+        assert_eq!((r.b.ld, r.b.col_major), (16, true));
+        assert_eq!((r.c.ptr, r.c.rows, r.c.cols, r.c.ld), (1 << 20, 24, 16, 16));
+        let fu = r.fusion;
+        assert_eq!(
+            (fu.epilogue, fu.src, fu.act),
+            (ffi::Epilogue::SwiGLU, 4096, 1 << 21)
+        );
+        assert_eq!((fu.pre, fu.scale, fu.partial), (0, 0, 0));
+    }
+
+    /// `dgated_mm`'s request: `p = dy · w[g]ᵀ` (n = F, the down projection's weight read
+    /// transposed in place) into `dpre` `[R, 2F]`, with every DGated operand.
+    #[test]
+    fn dgated_request_carries_every_operand() {
+        let (rows, d_model, f, g) = (24usize, 32usize, 72usize, 3usize);
+        let dy = t(&[rows, d_model], &[d_model as isize, 1]);
+        let w = t(
+            &[g, f, d_model],
+            &[(f * d_model) as isize, d_model as isize, 1],
+        );
+        let offs = IntTensor {
+            ptr: 8192,
+            layout: Layout::new(&[g], &[1]),
+            device: Device::Cuda(0),
+            id: 1,
+            int32: true,
+        };
+        let tensor = |ptr, shape: &[usize], dtype| Tensor {
+            ptr,
+            dtype,
+            layout: Layout::contiguous(shape),
+            ..dy.clone()
+        };
+        let pre = tensor(1 << 20, &[rows, 2 * f], DType::BF16);
+        let scale = tensor(1 << 21, &[rows], DType::F32);
+        let d = crate::shape::plan_dgated_mm(&dy.layout, &w.layout, &pre.layout, &scale.layout, g)
+            .unwrap();
+        let shapes = d.out_shapes();
+        assert_eq!(shapes[2], [2, rows], "ceil(72 / 64) chunks");
+        let dpre = tensor(1 << 22, &shapes[0], DType::BF16);
+        let act = tensor(1 << 23, &shapes[1], DType::BF16);
+        let partial = tensor(1 << 24, &shapes[2], DType::F32);
+        let fusion = Fusion {
+            src: None,
+            epilogue: Epilogue::DGated {
+                act: &act,
+                pre: &pre,
+                scale: &scale,
+                partial: &partial,
+            },
+        };
+        let wt = crate::layout::Transposable::transposed(&w);
+        let r = packed_request(
+            &d.product,
+            &dy,
+            &wt,
+            Some(&offs),
+            &fusion,
+            &dpre,
+            (77, false),
+        )
+        .unwrap();
+        assert_eq!(r.form, ffi::Form::GroupedM);
+        assert_eq!((r.groups, r.m, r.n, r.k), (3, 24, 72, 32));
+        assert_eq!(
+            (r.b.batch, r.b.rows, r.b.cols, r.b.ld, r.b.col_major),
+            (3, 32, 72, 32, true)
+        );
+        assert_eq!(
+            (r.c.ptr, r.c.rows, r.c.cols, r.c.ld),
+            (1 << 22, 24, 144, 144)
+        );
+        assert_eq!((r.dtype, r.out_dtype), (ffi::DType::BF16, ffi::DType::BF16));
+        let fu = r.fusion;
+        assert_eq!((fu.epilogue, fu.src), (ffi::Epilogue::DGated, 0));
+        assert_eq!(
+            (fu.act, fu.pre, fu.scale, fu.partial),
+            (1 << 23, 1 << 20, 1 << 21, 1 << 24)
         );
     }
 

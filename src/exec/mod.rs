@@ -4,8 +4,9 @@
 //! of [`crate::cpu`], or the CUDA launchers of `cuda/` through [`cuda`]) → backward
 //! composition (`dA = dC·Bᵀ`, `dB = Aᵀ·dC` on transposed descriptions, no copies), for
 //! the packed and the list forms, written once; the gathered product of the MoE forward
-//! ([`packed_gather`]) and the row ops of the MoE glue ([`rows`]) go the same way. See
-//! ARCHITECTURE.md.
+//! ([`packed_gather`]), the fused expert products ([`fused`]: a GroupedM product with a
+//! SwiGLU or dGated epilogue) and the row ops of the MoE glue ([`rows`]) go the same way.
+//! See ARCHITECTURE.md.
 //!
 //! The engine never sees a Python object or an ndarray type. A face ([`crate::api`] on
 //! ndarray, `crate::python` on torch tensors and numpy arrays) describes each array as a
@@ -24,6 +25,7 @@
 
 pub(crate) mod cuda;
 pub(crate) mod ffi;
+pub(crate) mod fused;
 pub(crate) mod rows;
 
 use crate::cpu;
@@ -455,30 +457,52 @@ pub unsafe fn packed_gather<R: Runtime>(
     into_target(rt, None, &plan.out_shape, dtype, x.device, |rt, c| {
         if let Device::Cuda(_) = x.device {
             // SAFETY: forwarded contract; `c` is a fresh output.
-            if unsafe { cuda::packed(rt, &plan, x, w, offs, Some(&src), c)? } {
+            let gather = cuda::Fusion {
+                src: Some(&src),
+                ..cuda::Fusion::default()
+            };
+            if unsafe { cuda::packed(rt, &plan, x, w, offs, &gather, c)? } {
                 return Ok(());
             }
         }
-        let x = contiguous(rt, x)?;
-        let (_keep, a) = rt.alloc(&[plan.m, plan.k], x.dtype, x.device)?;
-        let gather = shape::RowsDims {
-            op: shape::RowsOp::GatherSum,
-            tokens: plan.m,
-            top_k: 1,
-            rows: x.layout.shape[0],
-            cols: plan.k,
-        };
-        let p = cpu::rows::RowPtrs {
-            x: x.ptr,
-            inverse: src.ptr,
-            out: a.ptr,
-            ..Default::default()
-        };
-        // SAFETY: forwarded contract; `x` and `src` contiguous, `a` fresh `[R, K]`.
-        unsafe { rows::launch(rt, &gather, x.device, (x.dtype, x.dtype), p)? };
+        // SAFETY: forwarded contract.
+        let (_keep, a) = unsafe { gather_rows(rt, x, &src)? };
         // SAFETY: as for `packed`; `a` is alive until `_keep` drops, after the product.
         unsafe { run_packed(rt, &plan, &a, w, offs, offs_vals.as_deref(), c) }
     })
+}
+
+/// The rows `x[src[r]]` of a gathered product in a fresh contiguous `[R, K]` (a row
+/// whose `src` is out of range: zeros): the row op `GatherSum` with `src` as a one-column
+/// `inverse` (row `r` sums the one row `src[r]`). The output object keeps the rows alive.
+///
+/// # Safety
+/// As [`packed`]; `x` is 2-D and `src` contiguous int32 (validated by
+/// [`shape::plan_gather`], made so by [`contiguous_int32`]).
+unsafe fn gather_rows<R: Runtime>(
+    rt: &mut R,
+    x: &Tensor,
+    src: &IntTensor,
+) -> Result<Output<R::Out>> {
+    let x = contiguous(rt, x)?;
+    let (rows, k) = (src.layout.shape[0], x.layout.shape[1]);
+    let out = rt.alloc(&[rows, k], x.dtype, x.device)?;
+    let gather = shape::RowsDims {
+        op: shape::RowsOp::GatherSum,
+        tokens: rows,
+        top_k: 1,
+        rows: x.layout.shape[0],
+        cols: k,
+    };
+    let p = cpu::rows::RowPtrs {
+        x: x.ptr,
+        inverse: src.ptr,
+        out: out.1.ptr,
+        ..Default::default()
+    };
+    // SAFETY: forwarded contract; `x` and `src` contiguous, the output fresh `[R, K]`.
+    unsafe { rows::launch(rt, &gather, x.device, (x.dtype, x.dtype), p)? };
+    Ok(out)
 }
 
 /// Runs a validated packed product into the target `c` (shape `plan.out_shape`).
@@ -497,7 +521,7 @@ unsafe fn run_packed<R: Runtime>(
     match a.device {
         Device::Cuda(_) => {
             // SAFETY: forwarded contract.
-            unsafe { cuda::packed(rt, plan, a, b, offs, None, c) }.map(|_| ())
+            unsafe { cuda::packed(rt, plan, a, b, offs, &cuda::Fusion::default(), c) }.map(|_| ())
         }
         Device::Cpu => {
             let problems = cpu::packed_problems(plan, &a.layout, &b.layout, &c.layout, offs_vals);

@@ -34,6 +34,12 @@ impl From<Error> for PyErr {
 /// `(dA, dB)` of a backward call, each `None` when not requested.
 type Grads<'py, T> = (Option<Bound<'py, T>>, Option<Bound<'py, T>>);
 
+/// The outputs of a fused expert product, `None` where no fused kernel runs.
+type Fused<T> = PyResult<Option<T>>;
+
+/// One output object.
+type Obj<'py> = Bound<'py, PyAny>;
+
 /// Runs `f`, turning a Rust panic into a `RuntimeError`.
 fn guard<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
@@ -158,15 +164,75 @@ fn gather_mm<'py>(
         let mut rt = PyRuntime::new(py);
         let x = rt.reference("x", x)?;
         let w = rt.input(&"w", w)?;
-        let offs = rt
-            .offs(Some(offs))?
-            .ok_or_else(|| Error::Value("offs: expected an int32 tensor, found None".into()))?;
+        let offs = required_offs(&mut rt, offs)?;
         let src = rt.index("src", src)?;
         let od = resolve_out_dtype(py, rt.kind(), x.dtype, out_dtype)?;
         // SAFETY: the descriptions are of the argument objects, which `rt` and the
         // caller keep alive for the call; `rt` lends the rest.
         unsafe { exec::packed_gather(&mut rt, &x, &src, &w, &offs, Some(od)) }
             .map_err(|e| rt.raise(e))
+    })
+}
+
+/// `offs` of a call that requires it (int32).
+fn required_offs<'py>(
+    rt: &mut PyRuntime<'py>,
+    offs: &Bound<'py, PyAny>,
+) -> PyResult<exec::IntTensor> {
+    Ok(rt
+        .offs(Some(offs))?
+        .ok_or_else(|| Error::Value("offs: expected an int32 tensor, found None".into()))?)
+}
+
+/// The fused up projection of a routed SwiGLU expert (`exec::fused::swiglu_mm`):
+/// `(pre, act)` with `pre = x[src] @ w[g]` (`[R, 2F]`) and `act = silu(gate) * up`
+/// (`[R, F]`), or `None` where no fused kernel runs (CPU, or `Unsupported`).
+#[pyfunction]
+#[pyo3(signature = (x, w, offs, src=None))]
+fn swiglu_mm<'py>(
+    py: Python<'py>,
+    x: &Bound<'py, PyAny>,
+    w: &Bound<'py, PyAny>,
+    offs: &Bound<'py, PyAny>,
+    src: Option<&Bound<'py, PyAny>>,
+) -> Fused<(Obj<'py>, Obj<'py>)> {
+    guard(|| {
+        let mut rt = PyRuntime::new(py);
+        let x = rt.reference("x", x)?;
+        let w = rt.input(&"w", w)?;
+        let offs = required_offs(&mut rt, offs)?;
+        let src = not_none(src).map(|s| rt.index("src", s)).transpose()?;
+        // SAFETY: the descriptions are of the argument objects, which `rt` and the
+        // caller keep alive for the call; `rt` lends the rest.
+        let r = unsafe { exec::fused::swiglu_mm(&mut rt, &x, &w, &offs, src.as_ref()) }
+            .map_err(|e| rt.raise(e))?;
+        Ok(r.map(|[pre, act]| (pre, act)))
+    })
+}
+
+/// The fused backward of a routed SwiGLU expert's down projection
+/// (`exec::fused::dgated_mm`): `(dpre, act, partial)`, or `None` where no fused kernel
+/// runs (CPU, or `Unsupported`).
+#[pyfunction]
+fn dgated_mm<'py>(
+    py: Python<'py>,
+    dy: &Bound<'py, PyAny>,
+    w: &Bound<'py, PyAny>,
+    offs: &Bound<'py, PyAny>,
+    pre: &Bound<'py, PyAny>,
+    scale: &Bound<'py, PyAny>,
+) -> Fused<(Obj<'py>, Obj<'py>, Obj<'py>)> {
+    guard(|| {
+        let mut rt = PyRuntime::new(py);
+        let dy = rt.reference("dy", dy)?;
+        let w = rt.input(&"w", w)?;
+        let offs = required_offs(&mut rt, offs)?;
+        let pre = rt.input(&"pre", pre)?;
+        let scale = rt.input(&"scale", scale)?;
+        // SAFETY: as in swiglu_mm.
+        let r = unsafe { exec::fused::dgated_mm(&mut rt, &dy, &w, &offs, &pre, &scale) }
+            .map_err(|e| rt.raise(e))?;
+        Ok(r.map(|[dpre, act, partial]| (dpre, act, partial)))
     })
 }
 
@@ -465,6 +531,8 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(grouped_mm_list, m)?)?;
     m.add_function(wrap_pyfunction!(grouped_mm_list_backward, m)?)?;
     m.add_function(wrap_pyfunction!(gather_mm, m)?)?;
+    m.add_function(wrap_pyfunction!(swiglu_mm, m)?)?;
+    m.add_function(wrap_pyfunction!(dgated_mm, m)?)?;
     m.add_function(wrap_pyfunction!(swiglu, m)?)?;
     m.add_function(wrap_pyfunction!(swiglu_backward, m)?)?;
     m.add_function(wrap_pyfunction!(gather_sum, m)?)?;

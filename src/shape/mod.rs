@@ -19,13 +19,17 @@
 //! - `offs`: `offs`'s shape and values ([`offs_len`], [`check_offs`]) and the clamp rule
 //!   the device follows instead ([`clamp_spans`]);
 //! - `list`: the list form ([`plan_list`]);
-//! - `rows`: the row ops of the MoE glue ([`RowsOp`], [`plan_swiglu`] ...).
+//! - `rows`: the row ops of the MoE glue ([`RowsOp`], [`plan_swiglu`] ...);
+//! - `fused`: the fused expert products, a GroupedM product with a SwiGLU or dGated
+//!   epilogue ([`plan_swiglu_mm`], [`plan_dgated_mm`], [`FusedDims`]).
 
+mod fused;
 mod list;
 mod offs;
 mod packed;
 mod rows;
 
+pub use fused::{check_f32, plan_dgated_mm, plan_swiglu_mm, Epilogue, FusedDims, PARTIAL_COLS};
 pub use list::{plan_list, GroupDims};
 pub use offs::{check_offs, clamp_spans, index_error_pending, offs_error_pending, offs_len};
 pub use packed::{backward_layouts, plan_gather, plan_packed, transposed_grads, Form, PackedDims};

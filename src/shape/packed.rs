@@ -196,6 +196,12 @@ pub fn plan_gather(x: &Layout, w: &Layout, src: &Layout, offs_len: usize) -> Res
             fmt_shape(&w.shape)
         )));
     }
+    if w.shape[0] != offs_len {
+        return Err(shape_err(format!(
+            "w: expected shape [G={offs_len}, K={k}, N] (G = len(offs)), found {}",
+            fmt_shape(&w.shape)
+        )));
+    }
     if src.ndim() != 1 {
         return Err(shape_err(format!(
             "src: expected a 1-D tensor [R] (the row of x of each routed row), found shape {}",
@@ -302,7 +308,10 @@ mod tests {
         assert!(
             msg(&[10, 4], &[3, 4, 5], &[24, 1], 3).starts_with("src: expected a 1-D tensor [R]")
         );
-        assert!(msg(&[10, 4], &[3, 4, 5], &[24], 2).starts_with("b: expected shape [G=2, K=4, N]"));
+        assert_eq!(
+            msg(&[10, 4], &[3, 4, 5], &[24], 2),
+            "w: expected shape [G=2, K=4, N] (G = len(offs)), found [3, 4, 5]"
+        );
     }
 
     #[test]

@@ -97,21 +97,27 @@ fn routing(inverse: &Layout, weights: Option<&Layout>) -> Result<(usize, usize)>
     Ok(i)
 }
 
+/// The half `F` of the last dimension of `name`'s `shape`, `[gate | up]`, which must be
+/// even (the SwiGLU pre-activation and the weights that make it: one rule, one wording).
+pub(super) fn gate_up_half(name: &str, shape: &[usize]) -> Result<usize> {
+    match shape.last() {
+        Some(&c) if c % 2 == 0 => Ok(c / 2),
+        _ => Err(shape_err(format!(
+            "{name}: expected an even last dimension [gate | up], found {}",
+            fmt_shape(shape)
+        ))),
+    }
+}
+
 /// `swiglu(pre)`: `pre [R, 2F]`, an even number of columns `[gate | up]`.
 pub fn plan_swiglu(pre: &Layout) -> Result<RowsDims> {
-    let (rows, c) = matrix("pre", pre)?;
-    if c % 2 != 0 {
-        return Err(shape_err(format!(
-            "pre: expected an even last dimension [gate | up], found {}",
-            fmt_shape(&[rows, c])
-        )));
-    }
+    let (rows, _) = matrix("pre", pre)?;
     Ok(RowsDims {
         op: RowsOp::Swiglu,
         tokens: 0,
         top_k: 0,
         rows,
-        cols: c / 2,
+        cols: gate_up_half("pre", &pre.shape)?,
     })
 }
 
