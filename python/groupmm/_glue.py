@@ -8,7 +8,8 @@ one implementation of each piece, shared by every MoE path (``moe``: ``permute``
 - dispatch, :class:`Dispatch` / :func:`dispatch`: ``rows = tokens[src]`` in expert order;
   its backward :func:`sum_copies`;
 - combine, :func:`combine` / :class:`Combine`: each token's ``k`` rows, weighted and
-  summed back in token order; its backward :func:`combine_backward`;
+  summed back in token order; its backward :func:`combine_backward` (whose ``y`` half,
+  :func:`to_rows`, ``groupmm.fused.expert_block`` also runs on its own);
 - SwiGLU, :func:`swiglu`: ``act(gate) * up``; its backward :func:`swiglu_grad`.
 
 One name per index: ``src`` [R], the routed-row index (the token whose row each routed
@@ -46,6 +47,7 @@ __all__ = [
     "sum_copies",
     "swiglu",
     "swiglu_grad",
+    "to_rows",
 ]
 
 # --------------------------------------------------------------------------- routing
@@ -216,31 +218,43 @@ def combine_backward(
         dw = _rows.row_dots(grad, y, inverse, w.dtype) if w is not None and need_w else None
         dy = _rows.scatter_rows(grad, inverse, w, y.shape[0]) if need_y else None
         return dy, dw
-    num_tokens, top_k = inverse.shape
-    flat = inverse.reshape(-1)
-    dy = dw = None
+    dw = None
     if w is not None and need_w:
-        rows = y.index_select(0, flat).view(num_tokens, top_k, y.shape[1])
+        num_tokens, top_k = inverse.shape
+        rows = y.index_select(0, inverse.reshape(-1)).view(num_tokens, top_k, y.shape[1])
         dw = torch.bmm(rows, grad.to(y.dtype).unsqueeze(2)).squeeze(2).to(w.dtype)
         del rows
-    if need_y:
-        n, rows_y = flat.numel(), y.shape[0]
-        if n == 0:  # no tokens: only padding rows
-            return grad.new_zeros(y.shape), dw
-        # copy of each row (the inverse permutation); padding rows: n, weight 0
-        ids = torch.arange(n, device=flat.device)
-        assign = flat.new_full((rows_y,), n).scatter_(0, flat, ids)
-        scale = None if w is None else w.reshape(-1).to(grad.dtype)
-        if rows_y != n:
-            base = grad.new_ones(n) if scale is None else scale
-            scale = torch.cat([base, base.new_zeros(1)]).index_select(0, assign)
-            assign = assign.clamp(max=n - 1)
-        elif scale is not None:
-            scale = scale.index_select(0, assign)
-        dy = grad.index_select(0, torch.div(assign, top_k, rounding_mode="floor"))
-        if scale is not None:
-            dy.mul_(scale.unsqueeze(1))  # in place: index_select keeps no output
-    return dy, dw
+    return (to_rows(grad, inverse, w, y.shape[0]) if need_y else None), dw
+
+
+def to_rows(grad: Tensor, inverse: Tensor, w: Optional[Tensor], rows: int) -> Tensor:
+    """``out[inverse[t, j]] = w[t, j] * grad[t]`` into ``[rows, D]`` (``grad [T, D]``; weight
+    1 without ``w``; rows no copy names, i.e. padding and placeholders, zero): each
+    routed row's share of its token's gradient, the ``y`` half of :func:`combine_backward`.
+    One pass (``_rows.scatter_rows``), or, while autograd records a graph through ``grad``
+    or ``w``, one gather of ``grad`` by each row's token scaled in place by the row's
+    weight."""
+    if not _rows.differentiable(grad, w):
+        return _rows.scatter_rows(grad, inverse, w, rows)
+    top_k = inverse.shape[1]
+    flat = inverse.reshape(-1).long()  # scatter_ takes int64 indices only
+    n = flat.numel()
+    if n == 0:  # no tokens: only padding rows
+        return grad.new_zeros(rows, grad.shape[1])
+    # copy of each row (the inverse permutation); padding rows: n, weight 0
+    ids = torch.arange(n, device=flat.device)
+    assign = flat.new_full((rows,), n).scatter_(0, flat, ids)
+    scale = None if w is None else w.reshape(-1).to(grad.dtype)
+    if rows != n:
+        base = grad.new_ones(n) if scale is None else scale
+        scale = torch.cat([base, base.new_zeros(1)]).index_select(0, assign)
+        assign = assign.clamp(max=n - 1)
+    elif scale is not None:
+        scale = scale.index_select(0, assign)
+    out = grad.index_select(0, torch.div(assign, top_k, rounding_mode="floor"))
+    if scale is not None:
+        out.mul_(scale.unsqueeze(1))  # in place: index_select keeps no output
+    return out
 
 
 class Combine(torch.autograd.Function):
