@@ -1,34 +1,54 @@
-"""The two halves of a routed SwiGLU expert block as single operations (issue 13's API),
-so that the glue around the grouped GEMMs has one place to be fused into them:
+"""The routed SwiGLU expert block as single operations (issues 13 and 22), so that the glue
+around the grouped GEMMs has one place to be fused into them:
 
-- :func:`expert_up`: ``act = silu(x[src] @ w_gate[g]) * (x[src] @ w_up[g])`` per expert
-  group ``g`` (a row gather, the up projection and the activation);
-- :func:`expert_down`: ``out[t] = sum_j weights[t, j] * (h @ w_out[g])[inverse[t, j]]``
-  (the down projection, the router weights and the top-k combine back to token order).
+- :func:`expert_block`: the whole block, ``out[t] = sum_j weights[t, j] * y[inverse[t,
+  j]]`` with ``y = act @ w_out[g]`` and ``act = silu(x[src] @ w_gate[g]) * (x[src] @
+  w_up[g])`` per expert group ``g`` (gather, up projection, SwiGLU, down projection,
+  router weights, top-k combine): what :class:`groupmm.moe.MoELayer` and the transformers
+  integration run;
+- :func:`expert_up`: its up half, ``act`` (gather, up projection, SwiGLU);
+- :func:`expert_down`: its down half, ``out`` from ``act`` (down projection, router
+  weights, combine).
 
-Both run as ``torch.library`` custom ops with fake kernels and autograd formulas
-(``torch.compile(fullgraph=True)``, ``opcheck``, double backward through differentiable
-fallbacks), on CPU and CUDA: ``expert_up`` is ``torch.ops.groupmm.swiglu_act`` over
-``torch.ops.groupmm.gather_mm`` (two ops, so that autograd frees the pre-activation
-before the weight-gradient GEMM), ``expert_down`` is ``torch.ops.groupmm.expert_down``.
+Each is one ``torch.library`` custom op (``torch.ops.groupmm.expert_block``,
+``expert_up``, ``expert_down``) with a fake kernel and an autograd formula, so
+``torch.compile(fullgraph=True)``, ``opcheck`` and double backward (through
+differentiable fallbacks) work, on CPU and CUDA.
 
-What runs: groupmm's grouped GEMMs — the up projection is ``_native.gather_mm``, which
-gathers ``x``'s rows through ``src`` with a row kernel and then runs the GEMM (or, with
-``GROUPMM_SM90_GATHER=1`` on Hopper, reads them inside the GEMM: measured slower, so off
-by default) — with the glue as one-pass row kernels
-(``groupmm._rows``: CUDA kernels on the GPU, Rust on the CPU): SwiGLU and its backward,
-the weighted top-k combine and its backward (row scatter in row order, router-weight
-dot products). Activation memory is lower than the unfused layer's: the backward
-re-gathers ``x[src]`` instead of keeping it, keeps the pre-activation and not
-``silu(gate)``, and the router-weight gradient reads the down projection's output once.
-Not done yet (issue 13): the weight gradient's gather inside the varlen-K GEMM (it still
-gathers ``x[src]`` once) and the SwiGLU inside the GEMM (an activation epilogue, which
-would remove the ``[R, 2F]`` pre-activation round trip); they go behind these signatures.
+What runs, in :func:`expert_block`:
+
+- forward: the up projection with SwiGLU as ONE native call, ``_native.swiglu_mm``
+  (``pre = x[src] @ w_in[g]`` and ``act = silu(gate) * up`` from the fp32 accumulators,
+  rows of ``x`` read through ``src``: on Hopper one kernel with a SwiGLU epilogue, no
+  ``[R, D]`` copy of ``x``); then the down projection (``grouped_mm``) and the weighted
+  combine (the row op ``gather_sum``).
+- backward: the upstream gradient copied to the routed rows (``scatter_rows``) and the
+  router weights scattered to a per-row fp32 ``scale``; then ONE native call,
+  ``_native.dgated_mm`` ("dgated": ``p = dy @ w_out[g]ᵀ`` with, in its epilogue, the
+  scale, dSwiGLU against the saved ``pre`` and the router-weight gradient as a per-row
+  reduction; ``p`` itself is never stored); then the three weight/input GEMMs: ``dw_out
+  = (scale·act)ᵀ·dy``, ``dx = sum_copies(dpre·w_inᵀ)``, ``dw_in = x[src]ᵀ·dpre``
+  (each weight gradient in its weight's own memory layout).
+- saved for the backward: ``x``, the weights, the indices, the router weights and
+  ``pre [R, 2F]`` only; not ``act``, not ``y``, not ``x[src]`` (``[R, D]``, ``R = T*k``):
+  that is the block's activation-memory advantage over the unfused layer.
+
+Where the native functions have no kernel (CPU, GPUs before Hopper, float32/float64,
+unaligned sizes; they answer None) the same results are composed here from groupmm's
+plain parts (:func:`_swiglu_mm`, :func:`_dgated_mm`: the gathered product and the row op
+``swiglu``; a grouped product, SwiGLU and its gradient as row ops). Still open (issue
+22): ``dw_in`` reads ``x[src]`` as a gathered copy, not through the index inside the
+varlen-K GEMM.
+
+:func:`expert_up` runs the same up projection (its op keeps ``pre`` and returns
+``act``); :func:`expert_down` runs the down projection and combine with ``y`` kept for
+the router-weight gradient.
 
 Determinism: no atomics anywhere; the gradient of ``x`` sums each token's ``k`` rows
 through ``inverse``. The glue formulas (:func:`~groupmm._glue.sum_copies`,
-:func:`~groupmm._glue.combine` and its backward, :func:`~groupmm._glue.swiglu_grad`) are
-``groupmm._glue``'s, shared with ``groupmm.moe`` and the transformers integration.
+:func:`~groupmm._glue.combine` and its backward, :func:`~groupmm._glue.to_rows`,
+:func:`~groupmm._glue.swiglu_grad`) are ``groupmm._glue``'s, shared with
+``groupmm.moe`` and the transformers integration.
 """
 
 # NB: no ``from __future__ import annotations``: torch.library reads the annotations.
@@ -40,68 +60,309 @@ from torch import Tensor
 from . import _checks as check
 from . import _native, _rows
 from ._api import grouped_mm
-from ._glue import combine, combine_backward, sum_copies, swiglu_grad
+from ._glue import combine, combine_backward, sum_copies, swiglu, swiglu_grad, to_rows
+from ._library import column_major
+from ._rows import _op
 
-__all__ = ["expert_down", "expert_up", "swiglu_grad"]
+__all__ = ["expert_block", "expert_down", "expert_up", "swiglu_grad"]
 
 #: the former name of :func:`swiglu_grad` (the backward formula; ``_rows.swiglu_backward``
 #: is the row op it runs), kept so that old imports work
 swiglu_backward = swiglu_grad
 
 
+# --------------------------------------------------------------------------- the fused parts
+
+
+def _swiglu_mm(x: Tensor, w: Tensor, offs: Tensor, src: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    """``(pre, act)``: ``pre = x[src] @ w[g]`` (``[R, 2F]``, ``[gate | up]``; ``x @ w[g]``
+    without ``src``) and ``act = silu(gate) * up`` (``[R, F]``). One native call where a
+    fused kernel runs (``_native.swiglu_mm``), else the gathered product and the row op.
+    Real tensors only (op implementations)."""
+    fused = getattr(_native, "swiglu_mm", None)
+    got = None if fused is None else fused(x, w, offs, src)
+    if got is not None:
+        return got
+    pre = grouped_mm(x, w, offs=offs) if src is None else _native.gather_mm(x, w, offs, src)
+    return pre, _rows.swiglu(pre)
+
+
+def _dgated_mm(
+    dy: Tensor, w_out: Tensor, offs: Tensor, pre: Tensor, scale: Tensor
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """``(dpre, act_s, row_grad)`` of the down projection's backward, with ``p = dy @
+    w_out[g]ᵀ`` (``[R, F]``), ``s = scale`` (``[R]``, float32, float64 for float64) and
+    ``[g | u] = pre``: ``dpre = swiglu_grad(s·p, pre)`` (``[R, 2F]``), ``act_s =
+    s·silu(g)·u`` (``[R, F]``, the down projection's input scaled by the router weight)
+    and ``row_grad[r] = sum_f p[r, f]·silu(g)·u`` (``[R]`` in ``scale``'s dtype: each
+    row's router-weight gradient). One native call where a fused kernel runs
+    (``_native.dgated_mm``, which never stores ``p``), else :func:`_dgated_composed`."""
+    fused = getattr(_native, "dgated_mm", None)
+    if fused is not None and scale.dtype == torch.float32:  # the kernels' scale: float32
+        got = fused(dy, w_out, offs, pre, scale)
+        if got is not None:
+            dpre, act_s, partial = got  # partial: float32 [ceil(F/64), R] per column tile
+            return dpre, act_s, partial.sum(0)
+    return _dgated_composed(dy, w_out, offs, pre, scale)
+
+
+def _dgated_composed(
+    dy: Tensor, w_out: Tensor, offs: Tensor, pre: Tensor, scale: Tensor
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """:func:`_dgated_mm` from plain parts: a grouped product, then SwiGLU and its
+    gradient (row ops; differentiable torch ops while autograd records a graph through
+    the inputs, i.e. double backward), the scale applied in ``scale``'s dtype."""
+    p = grouped_mm(dy, w_out.transpose(-2, -1), offs=offs)
+    if _rows.differentiable(dy, w_out, pre, scale):
+        act = swiglu(pre)
+    else:
+        act = _rows.swiglu(pre)
+    acc, s = scale.dtype, scale.unsqueeze(1)
+    row_grad = (p.to(acc) * act.to(acc)).sum(1)
+    dpre = swiglu_grad((p.to(acc) * s).to(p.dtype), pre)
+    del p
+    return dpre, (act.to(acc) * s).to(act.dtype), row_grad
+
+
+def _dgated_fake(dy, w_out, offs, pre, scale):
+    rows, width = pre.shape
+    return dy.new_empty(rows, width), dy.new_empty(rows, width // 2), scale.new_empty(rows)
+
+
+#: op ``groupmm::dgated`` (no autograd formula: the arithmetic of the block's backward)
+_dgated = _op("dgated", _dgated_mm, _dgated_fake)
+
+
+def _weight_grad(a: Tensor, grad: Tensor, offs: Tensor, w: Tensor) -> Tensor:
+    """``aᵀ · grad`` per group of rows (``[E, K, N]`` from ``a [R, K]``, ``grad [R, N]``),
+    in ``w``'s own layout: a column-major ``w`` (a transposed view of ``[E, N, K]``
+    weights, as transformers stores them) gets ``(gradᵀ · a)ᵀ``, so its parameter's
+    gradient needs no transposed copy."""
+    if column_major(w):
+        return grouped_mm(grad.t(), a, offs=offs).transpose(-2, -1)
+    return grouped_mm(a.t(), grad, offs=offs)
+
+
+def _up_grads(
+    d_pre: Tensor,
+    x: Tensor,
+    w: Tensor,
+    offs: Tensor,
+    src: Tensor,
+    inverse: Tensor,
+    need_x: bool,
+    need_w: bool,
+) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+    """``(dx, dw)`` of ``pre = x[src] @ w[g]`` from ``d_pre``: each token's ``k`` rows of
+    ``d_pre·wᵀ`` summed through ``inverse``; ``x[src]ᵀ·d_pre`` (``x[src]`` gathered again
+    here, never kept)."""
+    dx = dw = None
+    if need_x:
+        dx = sum_copies(grouped_mm(d_pre, w.transpose(-2, -1), offs=offs), inverse)
+    if need_w:
+        dw = _weight_grad(x.index_select(0, src), d_pre, offs, w)
+    return dx, dw
+
+
+def _check_routes(x: Tensor, offs: Tensor, src: Tensor, inverse: Tensor) -> None:
+    """``offs [E]``, ``src [R]``, ``inverse [T, k]`` with ``T`` the rows of ``x`` and
+    ``T*k = R`` (every routed row named once)."""
+    check.index("offs", offs, 1, "[E]")
+    check.index("src", src, 1, "[R]")
+    check.index("inverse", inverse, 2, "[T, k]")
+    ok = inverse.shape[0] == x.shape[0] and inverse.numel() == src.shape[0]
+    what = "[T={}, k] with T*k = R = {} (the length of src)"
+    check.shape("inverse", inverse, ok, what, x.shape[0], src.shape[0])
+
+
+def _check_gate_up(name: str, w: Tensor) -> None:
+    if w.shape[-1] % 2:
+        raise ValueError(
+            f"{name}: expected an even last dimension [gate | up], found {list(w.shape)}"
+        )
+
+
+# --------------------------------------------------------------------------- expert_block
+
+
+@torch.library.custom_op("groupmm::expert_block", mutates_args=())
+def _expert_block(
+    x: Tensor,
+    w_in: Tensor,
+    w_out: Tensor,
+    offs: Tensor,
+    src: Tensor,
+    inverse: Tensor,
+    weights: Optional[Tensor],
+) -> Tuple[Tensor, Tensor]:
+    pre, act = _swiglu_mm(x, w_in, offs, src)
+    y = grouped_mm(act, w_out, offs=offs)
+    del act
+    return combine(y, inverse, weights), pre
+
+
+@_expert_block.register_fake
+def _expert_block_fake(x, w_in, w_out, offs, src, inverse, weights):
+    return x.new_empty(inverse.shape[0], w_out.shape[-1]), x.new_empty(src.shape[0], w_in.shape[-1])
+
+
+def _expert_block_setup(ctx, inputs, output):
+    x, w_in, w_out, offs, src, inverse, weights = inputs
+    # the memory contract: pre and the inputs, nothing of size [R, D] or [R, F]
+    ctx.save_for_backward(x, w_in, w_out, offs, src, inverse, weights, output[1])
+    ctx.set_materialize_grads(False)  # pre has no gradient unless used: no zeros for it
+
+
+def _down_grads(
+    d_out: Tensor,
+    w_out: Tensor,
+    offs: Tensor,
+    inverse: Tensor,
+    weights: Optional[Tensor],
+    pre: Tensor,
+    need_w_out: bool,
+    need_weights: bool,
+) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
+    """``(d_pre, dw_out, dweights)`` of the block from ``d_out [T, D]``: ``dy`` (each
+    routed row's copy of its token's gradient, unscaled), the per-row scale, then
+    :func:`_dgated_mm` (the op, or, while autograd records a graph, the differentiable
+    composition)."""
+    rows = pre.shape[0]
+    acc = torch.promote_types(pre.dtype, torch.float32)
+    dy = to_rows(d_out, inverse, None, rows)
+    if weights is None:
+        scale = pre.new_ones(rows, dtype=acc)
+    else:  # each row's router weight (rows no copy names: 0)
+        scale = to_rows(d_out.new_ones(inverse.shape[0], 1, dtype=acc), inverse, weights, rows)
+        scale = scale.view(rows)
+    if _rows.differentiable(d_out, w_out, pre, weights):
+        d_pre, act_s, row_grad = _dgated_composed(dy, w_out, offs, pre, scale)
+    else:
+        d_pre, act_s, row_grad = _dgated(dy, w_out, offs, pre, scale)
+    del scale
+    dweights = None
+    if weights is not None and need_weights:
+        # dweights[t, j] = row_grad[inverse[t, j]]: combine's weight gradient, <grad, y>,
+        # of the rows' own reductions against a gradient of ones
+        ones = row_grad.new_ones(inverse.shape[0], 1)
+        dweights = combine_backward(ones, row_grad.unsqueeze(1), inverse, weights, False, True)[1]
+    del row_grad
+    dw_out = _weight_grad(act_s, dy, offs, w_out) if need_w_out else None
+    return d_pre, dw_out, dweights
+
+
+def _expert_block_grad(ctx, d_out, d_pre):
+    x, w_in, w_out, offs, src, inverse, weights, pre = ctx.saved_tensors
+    need_x, need_w_in, need_w_out, _, _, _, need_weights = ctx.needs_input_grad
+    need_weights = need_weights and weights is not None
+    dw_out = dweights = dpre = None
+    if d_out is not None and (need_x or need_w_in or need_w_out or need_weights):
+        dpre, dw_out, dweights = _down_grads(
+            d_out, w_out, offs, inverse, weights, pre, need_w_out, need_weights
+        )
+    if d_pre is not None:  # only when pre is used (double backward)
+        dpre = d_pre if dpre is None else dpre + d_pre
+    dx = dw_in = None
+    if dpre is not None:
+        dx, dw_in = _up_grads(dpre, x, w_in, offs, src, inverse, need_x, need_w_in)
+    return dx, dw_in, dw_out, None, None, None, dweights
+
+
+_expert_block.register_autograd(_expert_block_grad, setup_context=_expert_block_setup)
+
+
+def expert_block(
+    x: Tensor,
+    w_in: Tensor,
+    w_out: Tensor,
+    offs: Tensor,
+    src: Tensor,
+    inverse: Tensor,
+    weights: Optional[Tensor] = None,
+) -> Tensor:
+    """A whole routed SwiGLU expert block: ``out[t] = sum_j weights[t, j] * y[inverse[t,
+    j]]`` with ``y[r] = act[r] @ w_out[g]``, ``act[r] = silu(a[r] @ w_gate[g]) * (a[r] @
+    w_up[g])`` and ``a[r] = x[src[r]]``, for the rows ``r`` of each group ``g``.
+
+    Args:
+        x: ``[T, D]`` tokens, in token order (never copied into expert order).
+        w_in: ``[E, D, 2F]``, columns ``[:F]`` the gate and ``[F:]`` the up projection
+            (:class:`groupmm.nn.GroupedExperts`' ``w_in``; any strides).
+        w_out: ``[E, F, D]`` (``GroupedExperts``' ``w_out``; any strides).
+        offs: int32 ``[E]`` group ends over the ``R`` routed rows.
+        src: integer ``[R]``, the token of each row (``x`` row ``src[r]``).
+        inverse: integer ``[T, k]``, the row of each token's ``j``-th copy (every row
+            named once: ``R = T*k``).
+        weights: ``[T, k]`` router weights (differentiable), or None for a plain sum.
+
+    Returns:
+        ``[T, D]`` in ``x``'s dtype, in token order. Rows past ``offs[-1]`` (e.g.
+        expert-parallel placeholders) contribute nothing.
+
+    One op, ``torch.ops.groupmm.expert_block``; what runs and what the backward keeps:
+    the module docstring. :func:`groupmm._glue.routes` gives ``offs``/``src``/``inverse``
+    (``MoELayer`` calls this). Index values are not checked (that would need a host
+    sync): out-of-range ids give wrong results or a device error.
+    """
+    # before the op: its fake (torch.compile) checks nothing, the indices are converted
+    # to int32 before the native calls, only the backward reads some operands, and the
+    # GEMMs would name w_in and w_out "w" and "b"
+    check.dims("x", x, 2, "[T, D]")
+    check.dims("w_in", w_in, 3, "[E, D, 2F]")
+    check.dims("w_out", w_out, 3, "[E, F, D]")
+    _check_routes(x, offs, src, inverse)
+    _check_gate_up("w_in", w_in)
+    experts, width = offs.shape[0], x.shape[1]
+    ok = w_in.shape[0] == experts and w_in.shape[1] == width
+    what = "[E={}, D={}, 2F] (E = len(offs), D = x.shape[1])"
+    check.shape("w_in", w_in, ok, what, experts, width)
+    ok = w_out.shape == (experts, w_in.shape[2] // 2, width)
+    what = "[E={}, F={}, D={}] (2F = w_in.shape[2], D = x.shape[1])"
+    check.shape("w_out", w_out, ok, what, experts, w_in.shape[2] // 2, width)
+    check.dtype("w_in", w_in, x.dtype, "x")
+    check.dtype("w_out", w_out, x.dtype, "x")
+    if weights is not None:
+        check.tensor("weights", weights)
+        check.same_shape("weights", weights, "inverse", inverse)
+    return _expert_block(x, w_in, w_out, offs, src, inverse, weights)[0]
+
+
 # --------------------------------------------------------------------------- expert_up
 
 
-@torch.library.custom_op("groupmm::gather_mm", mutates_args=())
-def _gather_mm(x: Tensor, w: Tensor, offs: Tensor, src: Tensor, inverse: Tensor) -> Tensor:
-    # One native call: the rows are gathered, then multiplied (inside the GEMM only with
-    # GROUPMM_SM90_GATHER=1, cuda/heuristics/choose.h); the extension converts the index.
-    return _native.gather_mm(x, w, offs, src)
+@torch.library.custom_op("groupmm::expert_up", mutates_args=())
+def _expert_up(
+    x: Tensor, w: Tensor, offs: Tensor, src: Tensor, inverse: Tensor
+) -> Tuple[Tensor, Tensor]:
+    pre, act = _swiglu_mm(x, w, offs, src)
+    return act, pre
 
 
-@_gather_mm.register_fake
-def _gather_mm_fake(x, w, offs, src, inverse):
-    return x.new_empty(src.shape[0], w.shape[-1])
+@_expert_up.register_fake
+def _expert_up_fake(x, w, offs, src, inverse):
+    rows, width = src.shape[0], w.shape[-1]
+    return x.new_empty(rows, width // 2), x.new_empty(rows, width)
 
 
-def _gather_mm_setup(ctx, inputs, output):
+def _expert_up_setup(ctx, inputs, output):
     x, w, offs, src, inverse = inputs
-    ctx.save_for_backward(x, w, offs, src, inverse)  # not x[src]: re-gathered when needed
+    ctx.save_for_backward(x, w, offs, src, inverse, output[1])  # not x[src], not act
+    ctx.set_materialize_grads(False)
 
 
-def _gather_mm_grad(ctx, d_pre):
-    x, w, offs, src, inverse = ctx.saved_tensors
-    dx = dw = None
-    if ctx.needs_input_grad[0]:
-        dx = sum_copies(grouped_mm(d_pre, w.transpose(-2, -1), offs=offs), inverse)
-    if ctx.needs_input_grad[1]:
-        dw = grouped_mm(x.index_select(0, src).t(), d_pre, offs=offs)
+def _expert_up_grad(ctx, d_act, d_pre):
+    x, w, offs, src, inverse, pre = ctx.saved_tensors
+    dpre = None if d_act is None else swiglu_grad(d_act, pre)
+    if d_pre is not None:  # only when pre is used (double backward)
+        dpre = d_pre if dpre is None else dpre + d_pre
+    if dpre is None:
+        return None, None, None, None, None
+    need_x, need_w = ctx.needs_input_grad[:2]
+    dx, dw = _up_grads(dpre, x, w, offs, src, inverse, need_x, need_w)
     return dx, dw, None, None, None
 
 
-_gather_mm.register_autograd(_gather_mm_grad, setup_context=_gather_mm_setup)
-
-
-@torch.library.custom_op("groupmm::swiglu_act", mutates_args=())
-def _swiglu_act(pre: Tensor) -> Tensor:
-    return _rows.swiglu(pre)
-
-
-@_swiglu_act.register_fake
-def _swiglu_act_fake(pre):
-    return pre.new_empty(pre.shape[0], pre.shape[1] // 2)
-
-
-def _swiglu_act_setup(ctx, inputs, output):
-    ctx.save_for_backward(inputs[0])
-
-
-def _swiglu_act_grad(ctx, d_act):
-    (pre,) = ctx.saved_tensors
-    return swiglu_grad(d_act, pre)
-
-
-_swiglu_act.register_autograd(_swiglu_act_grad, setup_context=_swiglu_act_setup)
+_expert_up.register_autograd(_expert_up_grad, setup_context=_expert_up_setup)
 
 
 def expert_up(x: Tensor, w: Tensor, offs: Tensor, src: Tensor, inverse: Tensor) -> Tensor:
@@ -120,23 +381,19 @@ def expert_up(x: Tensor, w: Tensor, offs: Tensor, src: Tensor, inverse: Tensor) 
     Returns:
         ``[R, F]`` in ``x``'s dtype; rows past ``offs[-1]`` are zero.
 
-    :func:`groupmm.moe.permute`'s routing gives ``src``/``inverse`` (``MoELayer`` with
-    ``fused=True`` calls this). Index values are not checked (that would need a host
-    sync): out-of-range ids give wrong results or a device error.
+    One op, ``torch.ops.groupmm.expert_up`` (the up projection and SwiGLU in one native
+    call where a fused kernel runs; it keeps the pre-activation ``[R, 2F]`` for the
+    backward). :func:`expert_block` is the whole block in one op.
+    :func:`groupmm._glue.routes` gives ``src``/``inverse``. Index values are not checked
+    (that would need a host sync): out-of-range ids give wrong results or a device error.
     """
-    # before the ops: their fakes (torch.compile) check nothing, the indices are
-    # converted to int32 before the native call, and only the backward reads inverse
+    # before the op: its fake (torch.compile) checks nothing, the indices are converted
+    # to int32 before the native call, and only the backward reads inverse
     check.dims("x", x, 2, "[T, D]")
     check.dims("w", w, 3, "[E, D, 2F]")
-    check.index("offs", offs, 1, "[E]")
-    check.index("src", src, 1, "[R]")
-    check.index("inverse", inverse, 2, "[T, k]")
-    if w.shape[-1] % 2:
-        raise ValueError(f"w: expected an even last dimension [gate | up], found {list(w.shape)}")
-    ok = inverse.shape[0] == x.shape[0] and inverse.numel() == src.shape[0]
-    what = "[T={}, k] with T*k = R = {} (the length of src)"
-    check.shape("inverse", inverse, ok, what, x.shape[0], src.shape[0])
-    return _swiglu_act(_gather_mm(x, w, offs, src, inverse))
+    _check_routes(x, offs, src, inverse)
+    _check_gate_up("w", w)
+    return _expert_up(x, w, offs, src, inverse)[0]
 
 
 # --------------------------------------------------------------------------- expert_down

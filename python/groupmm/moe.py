@@ -34,7 +34,7 @@ from ._glue import Combine, dispatch, routes
 from ._glue import combine as combine  # the glue's former home: old imports keep working
 from ._glue import combine_backward as combine_backward
 from ._glue import sum_copies as sum_copies
-from .fused import expert_down, expert_up
+from .fused import expert_block
 from .nn import GroupedExperts
 
 __all__ = [
@@ -256,10 +256,12 @@ class MoELayer(nn.Module):
         normalize: renormalise top-k weights, see :class:`TopKRouter`.
         aux_loss_coef: load-balancing loss scale (0 turns it off).
         pad_to: pad each expert group to a multiple of this (see :func:`permute`).
-        fused: run the experts as :func:`groupmm.fused.expert_up` and
-            :func:`groupmm.fused.expert_down` (gather, up projection and SwiGLU as one
-            operation; down projection, router weights and combine as another; their
-            glue in one-pass row kernels): needs ``activation="swiglu"``,
+        fused: run the experts as :func:`groupmm.fused.expert_block`, one operation
+            from the tokens to the combined output (gather, up projection and SwiGLU in
+            one native call, on Hopper one kernel; down projection, router weights and
+            combine; in the backward the "dgated" product, which applies dSwiGLU, the
+            router weights and their gradient in one native call; no ``[T*k, d_model]``
+            tensor kept for the backward): needs ``activation="swiglu"``,
             ``bias=False`` and no ``pad_to``. Same results to rounding, less activation
             memory, faster on every measured configuration (README, "Whole MoE
             layers"). ``None`` (default): fused whenever the layer allows it;
@@ -333,8 +335,8 @@ class MoELayer(nn.Module):
         if self.fused:
             r = routes(route.expert_ids, self.num_experts)
             ex = self.experts
-            h = expert_up(flat, ex.w_in, r.offs, r.src, r.inverse)
-            out = expert_down(h, ex.w_out, r.offs, r.inverse, route.weights).view(shape)
+            args = (flat, ex.w_in, ex.w_out, r.offs, r.src, r.inverse, route.weights)
+            out = expert_block(*args).view(shape)
         else:
             p = permute(flat, route.expert_ids, self.num_experts, self.pad_to)
             y = self.experts(p.tokens, p.offs)

@@ -1,15 +1,17 @@
-"""groupmm.fused.expert_up / expert_down against an independent float64 reference (a loop
-over tokens and their experts), their gradients (gradcheck, gradgradcheck), the custom
-ops (opcheck, torch.compile), MoELayer(fused=True) against the unfused layer, and errors."""
+"""groupmm.fused.expert_block, expert_up and expert_down against an independent float64
+reference (a loop over tokens and their experts), their gradients (gradcheck,
+gradgradcheck), the custom ops (opcheck, torch.compile), the native fused functions'
+wiring (stand-ins on the CPU, the kernels on Hopper), the block's memory contract,
+MoELayer(fused=True) against the unfused layer, and errors."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import DEVICES, F64
+from conftest import DEVICES, F64, HAS_CUDA, assert_close_rel
 from groupmm._glue import routes
-from groupmm.fused import expert_down, expert_up
+from groupmm.fused import expert_block, expert_down, expert_up
 from groupmm.moe import MoELayer
 
 
@@ -116,9 +118,7 @@ def test_opcheck_expert_ops():
     x, ids, w_in, w_out, weights, r = _setup(T=4, D=3, Fh=2, E=3, k=2)
     x.requires_grad_()
     w_in.requires_grad_()
-    torch.library.opcheck(torch.ops.groupmm.gather_mm.default, (x, w_in, r.offs, r.src, r.inverse))
-    pre = torch.randn(r.src.shape[0], 4, dtype=F64, requires_grad=True)
-    torch.library.opcheck(torch.ops.groupmm.swiglu_act.default, (pre,))
+    torch.library.opcheck(torch.ops.groupmm.expert_up.default, (x, w_in, r.offs, r.src, r.inverse))
     h = torch.randn(r.src.shape[0], 2, dtype=F64, requires_grad=True)
     w_out = w_out.requires_grad_()
     for wts in (weights.requires_grad_(), None):
@@ -168,3 +168,439 @@ def test_moe_layer_fuses_by_default_when_it_can():
     assert MoELayer(4, 4, 2, 1, activation="gelu").fused is False
     assert MoELayer(4, 4, 2, 1, bias=True).fused is False
     assert MoELayer(4, 4, 2, 1, pad_to=8).fused is False
+
+
+# --------------------------------------------------------------------------- expert_block
+
+
+def _block_case(T=7, D=5, Fh=3, E=5, k=3, seed=0, device="cpu", dtype=F64, empty=(1, 3)):
+    """A routed block with empty experts and T*k = 21 rows (a multiple of nothing the
+    kernels tile by); leaf inputs requiring grad."""
+    x, ids, w_in, w_out, weights, r = _setup(T, D, Fh, E, k, seed, device, dtype, empty)
+    leaves = [t.clone().requires_grad_() for t in (x, w_in, w_out, weights)]
+    return leaves, ids, r
+
+
+def _block_grads(out, inputs, go):
+    return torch.autograd.grad(out, inputs, go)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [F64, torch.bfloat16])
+@pytest.mark.parametrize("weighted", [True, False])
+def test_expert_block_equals_reference(device, dtype, weighted):
+    """Output and the gradients of x, w_in, w_out and the router weights against the
+    token-by-token float64 loop (weights=None: a plain sum, no weight gradient)."""
+    (x, w_in, w_out, weights), ids, r = _block_case(device=device, dtype=dtype)
+    wts = weights if weighted else None
+    out = expert_block(x, w_in, w_out, r.offs, r.src, r.inverse, wts)
+    assert out.shape == x.shape and out.dtype == dtype
+    refs = [t.detach().double().requires_grad_() for t in (x, w_in, w_out, weights)]
+    ref = _reference(refs[0], ids, refs[1], refs[2], refs[3] if weighted else None)
+    go = torch.randn(ref.shape, dtype=F64, generator=torch.Generator().manual_seed(9))
+    inputs = [x, w_in, w_out, weights] if weighted else [x, w_in, w_out]
+    got = _block_grads(out, inputs, go.to(device, dtype))
+    want = _block_grads(ref, refs[: len(inputs)], go.to(device))
+    if dtype == F64:
+        torch.testing.assert_close(out, ref)
+        for name, g, w in zip(("x", "w_in", "w_out", "weights"), got, want):
+            torch.testing.assert_close(g, w, msg=name)
+    else:
+        assert_close_rel(out, ref, dtype, "out")
+        for name, g, w in zip(("x", "w_in", "w_out", "weights"), got, want):
+            assert g.dtype == dtype
+            assert_close_rel(g, w, dtype, name)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("weighted", [True, False])
+def test_expert_block_gradcheck_and_gradgradcheck(device, weighted):
+    (x, w_in, w_out, weights), ids, r = _block_case(
+        T=5, D=3, Fh=2, E=4, k=2, device=device, empty=(2,)
+    )
+
+    def f(x, w_in, w_out, *wts):
+        return expert_block(x, w_in, w_out, r.offs, r.src, r.inverse, *wts)
+
+    inputs = (x, w_in, w_out, weights) if weighted else (x, w_in, w_out)
+    assert torch.autograd.gradcheck(f, inputs)
+    assert torch.autograd.gradgradcheck(f, inputs)
+
+
+def test_expert_block_equals_its_halves():
+    """The one op gives what expert_up then expert_down give, values and gradients."""
+    (x, w_in, w_out, weights), ids, r = _block_case(seed=2)
+    go = torch.randn(x.shape, dtype=F64)
+    out = expert_block(x, w_in, w_out, r.offs, r.src, r.inverse, weights)
+    got = _block_grads(out, [x, w_in, w_out, weights], go)
+    h = expert_up(x, w_in, r.offs, r.src, r.inverse)
+    halves = expert_down(h, w_out, r.offs, r.inverse, weights)
+    want = _block_grads(halves, [x, w_in, w_out, weights], go)
+    torch.testing.assert_close(out, halves)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+
+
+def test_expert_block_int32_indices_and_no_tokens():
+    (x, w_in, w_out, weights), ids, r = _block_case(seed=4)
+    args = (r.offs, r.src.int(), r.inverse.int(), weights)
+    out = expert_block(x, w_in, w_out, *args)
+    torch.testing.assert_close(out, _reference(x, ids, w_in, w_out, weights))
+    out.sum().backward()
+    assert x.grad is not None and weights.grad is not None
+    # no tokens at all: zero rows, zero weight gradients
+    e = routes(ids[:0], 5)
+    x0 = x.detach()[:0].requires_grad_()
+    w0 = weights.detach()[:0].requires_grad_()
+    out = expert_block(x0, w_in, w_out, e.offs, e.src, e.inverse, w0)
+    assert out.shape == (0, x.shape[1])
+    gx, gw_in, gw_out = torch.autograd.grad(out.sum(), (x0, w_in, w_out))
+    assert gx.shape == (0, x.shape[1])
+    assert torch.count_nonzero(gw_in) == 0 and torch.count_nonzero(gw_out) == 0
+
+
+def test_expert_block_rows_past_offs_contribute_nothing():
+    """Expert-parallel placeholders (ids outside [0, E), sorted past offs[-1]) with zero
+    weights: the same output and gradients as the loop without them, and no router
+    gradient for them."""
+    x, ids, w_in, w_out, weights, _ = _setup(T=6, D=4, Fh=3, E=4, k=2, seed=5, empty=())
+    ids[0, 1], ids[3, 0] = 4, -1
+    r = routes(ids, 4, placeholders=True)
+    keep = (ids >= 0) & (ids < 4)
+    weights = weights.where(keep, 0).requires_grad_()
+    leaves = [t.clone().requires_grad_() for t in (x, w_in, w_out)]
+    out = expert_block(*leaves, r.offs, r.src, r.inverse, weights)
+    assert int(r.offs[-1]) == 10
+    refs = [t.detach().clone().requires_grad_() for t in (x, w_in, w_out, weights)]
+    ref = _reference(refs[0], ids.where(keep, 0), refs[1], refs[2], refs[3] * keep)
+    torch.testing.assert_close(out, ref)
+    go = torch.randn_like(ref)
+    got = _block_grads(out, [*leaves, weights], go)
+    want = _block_grads(ref, refs, go)
+    for g, w in zip(got[:3], want[:3]):
+        torch.testing.assert_close(g, w)
+    torch.testing.assert_close(got[3] * keep, want[3] * keep)
+    assert got[3][0, 1] == 0 and got[3][3, 0] == 0
+
+
+def test_expert_block_weight_gradients_keep_a_transposed_layout():
+    """Weights stored [E, 2F, D] and [E, D, F] (transformers' layout), passed as
+    transposed views: the op's gradients come out in the views' own layout (the
+    parameters' storage order: no transposed copy), and equal the reference."""
+    (x, w_in, w_out, weights), ids, r = _block_case(seed=6)
+    p_in = w_in.detach().transpose(-2, -1).contiguous().requires_grad_()
+    p_out = w_out.detach().transpose(-2, -1).contiguous().requires_grad_()
+    v_in, v_out = p_in.transpose(-2, -1), p_out.transpose(-2, -1)
+    out = expert_block(x, v_in, v_out, r.offs, r.src, r.inverse, weights)
+    go = torch.randn(x.shape, dtype=F64)
+    g_in, g_out = torch.autograd.grad(out, (v_in, v_out), go, retain_graph=True)
+    assert g_in.stride() == v_in.stride() and g_out.stride() == v_out.stride()
+    out.backward(go)
+    ref = _reference(x, ids, w_in, w_out, weights)
+    r_in, r_out = torch.autograd.grad(ref, (w_in, w_out), go)
+    torch.testing.assert_close(p_in.grad, r_in.transpose(-2, -1))
+    torch.testing.assert_close(p_out.grad, r_out.transpose(-2, -1))
+
+
+def _saved_sizes(fn):
+    """Shapes of every tensor autograd saves while ``fn`` runs."""
+    shapes = []
+
+    def pack(t):
+        shapes.append(tuple(t.shape))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return out, shapes
+
+
+def test_moe_layer_fused_saves_no_routed_row_copies():
+    """The memory contract: the fused layer's backward keeps neither an [R, D] tensor
+    (x[src], the expert outputs) nor an [R, F] one (the activation), R = T*k; the
+    unfused layer (the control) keeps both."""
+    T, D, Fh, E, k = 10, 8, 6, 4, 2
+    R = T * k
+    torch.manual_seed(8)
+    fused = MoELayer(D, Fh, E, k, fused=True, aux_loss_coef=0.0, dtype=F64)
+    plain = MoELayer(D, Fh, E, k, fused=False, aux_loss_coef=0.0, dtype=F64)
+    plain.load_state_dict(fused.state_dict())
+    x = torch.randn(T, D, dtype=F64, requires_grad=True)
+    out, shapes = _saved_sizes(lambda: fused(x))
+    assert shapes and (R, D) not in shapes and (R, Fh) not in shapes
+    assert (R, 2 * Fh) in shapes  # the pre-activation, the one [R, *] tensor kept
+    assert not [s for s in shapes if len(s) == 2 and s[0] == R and s != (R, 2 * Fh)]
+    ref, plain_shapes = _saved_sizes(lambda: plain(x))
+    assert (R, D) in plain_shapes
+    torch.testing.assert_close(out, ref)
+    out.sum().backward()  # the saved tensors suffice
+
+
+def test_expert_block_is_deterministic():
+    (x, w_in, w_out, weights), ids, r = _block_case(T=40, D=16, Fh=8, E=6, k=3, dtype=torch.float32)
+    go = torch.randn(x.shape)
+    runs = []
+    for _ in range(2):
+        out = expert_block(x, w_in, w_out, r.offs, r.src, r.inverse, weights)
+        runs.append((out, *_block_grads(out, [x, w_in, w_out, weights], go)))
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_expert_block_compiles_fullgraph(dynamic):
+    torch._dynamo.reset()
+    (x, w_in, w_out, weights), ids, r = _block_case(dtype=torch.float32, seed=7)
+
+    def f(x, w_in, w_out, weights, offs, src, inverse):
+        return expert_block(x, w_in, w_out, offs, src, inverse, weights).square().sum()
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager", dynamic=dynamic)
+    inputs = [x, w_in, w_out, weights]
+    got = compiled(*inputs, r.offs, r.src, r.inverse)
+    got_grads = torch.autograd.grad(got, inputs)
+    want = f(*inputs, r.offs, r.src, r.inverse)
+    want_grads = torch.autograd.grad(want, inputs)
+    torch.testing.assert_close(got, want)
+    for g, w in zip(got_grads, want_grads):
+        torch.testing.assert_close(g, w)
+
+
+def test_opcheck_expert_block():
+    (x, w_in, w_out, weights), ids, r = _block_case(T=4, D=3, Fh=2, E=3, k=2, empty=())
+    for wts in (weights, None):
+        args = (x, w_in, w_out, r.offs, r.src, r.inverse, wts)
+        torch.library.opcheck(torch.ops.groupmm.expert_block.default, args)
+    no_grad = [t.detach() for t in (x, w_in, w_out)]
+    torch.library.opcheck(torch.ops.groupmm.expert_block.default, (*no_grad, *args[3:]))
+    # the backward's "dgated" op (no autograd formula: the arithmetic of a backward)
+    R = r.src.shape[0]
+    dy, pre = torch.randn(R, 3, dtype=F64), torch.randn(R, 4, dtype=F64)
+    scale = torch.rand(R, dtype=F64)
+    torch.library.opcheck(torch.ops.groupmm.dgated.default, (dy, no_grad[2], r.offs, pre, scale))
+
+
+def test_dgated_composition_against_its_formula():
+    """The backward's composed "dgated" parts against the formulas written out: p = dy
+    w_out[g]^T, dpre = [s p u sig (1 + g (1 - sig)) | s p g sig], act_s = s silu(g) u,
+    row_grad = sum_f p silu(g) u; rows past offs[-1] zero."""
+    from groupmm.fused import _dgated
+
+    gen = torch.Generator().manual_seed(11)
+    offs = torch.tensor([3, 3, 7], dtype=torch.int32)
+    R, D, Fh = 9, 5, 4
+    dy = torch.randn(R, D, generator=gen, dtype=F64)
+    w_out = torch.randn(3, Fh, D, generator=gen, dtype=F64)
+    pre = torch.randn(R, 2 * Fh, generator=gen, dtype=F64)
+    scale = torch.rand(R, generator=gen, dtype=F64)
+    dpre, act_s, row_grad = _dgated(dy, w_out, offs, pre, scale)
+    group = [0, 0, 0, 2, 2, 2, 2]
+    p = torch.zeros(R, Fh, dtype=F64)
+    for row, g in enumerate(group):
+        p[row] = dy[row] @ w_out[g].t()
+    gate, up = pre[:, :Fh], pre[:, Fh:]
+    sig, s = torch.sigmoid(gate), scale[:, None]
+    want_dpre = torch.cat([s * p * up * sig * (1 + gate * (1 - sig)), s * p * gate * sig], 1)
+    torch.testing.assert_close(dpre, want_dpre)
+    torch.testing.assert_close(act_s, s * F.silu(gate) * up)
+    torch.testing.assert_close(row_grad, (p * F.silu(gate) * up).sum(1))
+    assert torch.count_nonzero(dpre[7:]) == 0 and torch.count_nonzero(row_grad[7:]) == 0
+
+
+def _stub_swiglu_mm(calls):
+    """A stand-in for the native fused up projection (what a Hopper kernel returns),
+    written from the contract with torch: pre = x[src] @ w[g], act from pre."""
+
+    def swiglu_mm(x, w, offs, src=None):
+        calls.append("swiglu_mm")
+        rows = x if src is None else x[src.long()]
+        pre = torch.zeros(rows.shape[0], w.shape[-1], dtype=torch.float32)
+        start = 0
+        for g, end in enumerate(offs.tolist()):
+            pre[start:end] = rows[start:end].float() @ w[g].float()
+            start = end
+        gate, up = pre.chunk(2, dim=-1)
+        return pre.to(x.dtype), (F.silu(gate) * up).to(x.dtype)
+
+    return swiglu_mm
+
+
+def _stub_dgated_mm(calls):
+    """A stand-in for the native "dgated" product, from its contract, with the router
+    weight gradient split over two column tiles as the kernel's partial sums are."""
+
+    def dgated_mm(dy, w_out, offs, pre, scale):
+        calls.append("dgated_mm")
+        assert scale.dtype == torch.float32 and scale.shape == (dy.shape[0],)
+        Fh = w_out.shape[1]
+        p = torch.zeros(dy.shape[0], Fh, dtype=torch.float32)
+        start = 0
+        for g, end in enumerate(offs.tolist()):
+            p[start:end] = dy[start:end].float() @ w_out[g].float().t()
+            start = end
+        gate, up = pre.float().chunk(2, dim=-1)
+        sig, s = torch.sigmoid(gate), scale[:, None]
+        dpre = torch.cat([s * p * up * sig * (1 + gate * (1 - sig)), s * p * gate * sig], 1)
+        act = F.silu(gate) * up
+        dots = p * act
+        partial = torch.stack([dots[:, :1].sum(1), dots[:, 1:].sum(1)])
+        return dpre.to(dy.dtype), (s * act).to(dy.dtype), partial
+
+    return dgated_mm
+
+
+def test_expert_block_uses_the_native_fused_functions(monkeypatch):
+    """Where the extension answers with a fused kernel's results (here stand-ins written
+    from the contract), the block uses them, forward and backward, and gets the
+    reference's results; where it answers None it composes."""
+    import groupmm._native as native
+
+    calls: list = []
+    monkeypatch.setattr(native, "swiglu_mm", _stub_swiglu_mm(calls), raising=False)
+    monkeypatch.setattr(native, "dgated_mm", _stub_dgated_mm(calls), raising=False)
+    (x, w_in, w_out, weights), ids, r = _block_case(dtype=torch.float32, seed=12)
+    out = expert_block(x, w_in, w_out, r.offs, r.src, r.inverse, weights)
+    go = torch.randn(x.shape)
+    got = _block_grads(out, [x, w_in, w_out, weights], go)
+    assert calls == ["swiglu_mm", "dgated_mm"]
+    refs = [t.detach().double().requires_grad_() for t in (x, w_in, w_out, weights)]
+    ref = _reference(refs[0], ids, *refs[1:])
+    assert_close_rel(out, ref, torch.float32, "out")
+    want = _block_grads(ref, refs, go.double())
+    for name, g, w in zip("x w_in w_out weights".split(), got, want):
+        assert_close_rel(g, w, torch.float32, name)
+    # expert_up takes the same fused up projection
+    calls.clear()
+    expert_up(x, w_in, r.offs, r.src, r.inverse)
+    assert calls == ["swiglu_mm"]
+    # float64: the kernels' scale is float32, the native dgated is not asked
+    calls.clear()
+    (x, w_in, w_out, weights), ids, r = _block_case(seed=12)
+    expert_block(x, w_in, w_out, r.offs, r.src, r.inverse, weights).sum().backward()
+    assert calls == ["swiglu_mm"]
+    # answers of None: composed
+    monkeypatch.setattr(native, "swiglu_mm", lambda *a: None)
+    monkeypatch.setattr(native, "dgated_mm", lambda *a: None)
+    (x, w_in, w_out, weights), ids, r = _block_case(dtype=torch.float32, seed=12)
+    again = expert_block(x, w_in, w_out, r.offs, r.src, r.inverse, weights)
+    assert_close_rel(again, ref, torch.float32, "composed out")
+
+
+def test_native_fused_functions_answer_none_on_cpu():
+    """On the CPU no fused kernel runs: the extension's functions (when this build has
+    them) validate and answer None, so groupmm.fused composes."""
+    import groupmm._native as native
+
+    if not hasattr(native, "swiglu_mm") or not hasattr(native, "dgated_mm"):
+        pytest.skip("this build of the extension has no swiglu_mm / dgated_mm")
+    x, ids, w_in, w_out, weights, r = _setup(dtype=torch.bfloat16)
+    assert native.swiglu_mm(x, w_in, r.offs, r.src) is None
+    R = r.src.shape[0]
+    dy = torch.randn(R, x.shape[1], dtype=torch.bfloat16)
+    pre = torch.randn(R, w_in.shape[-1], dtype=torch.bfloat16)
+    scale = torch.rand(R)
+    assert native.dgated_mm(dy, w_out, r.offs, pre, scale) is None
+
+
+def test_expert_block_bad_arguments():
+    x, ids, w_in, w_out, weights, r = _setup()
+    ok = (r.offs, r.src, r.inverse, weights)
+    with pytest.raises(ValueError, match=r"^w_in: expected an even last dimension"):
+        expert_block(x, w_in[..., :-1], w_out, *ok)
+    with pytest.raises(ValueError, match=r"^w_in: expected shape \[E=4, D=5, 2F\]"):
+        expert_block(x, w_in[:, :-1], w_out, *ok)
+    with pytest.raises(ValueError, match=r"^w_out: expected shape \[E=4, F=3, D=5\]"):
+        expert_block(x, w_in, w_out[:, :-1], *ok)
+    with pytest.raises(ValueError, match=r"^w_out: expected shape \[E, F, D\]"):
+        expert_block(x, w_in, w_out[0], *ok)
+    with pytest.raises(TypeError, match=r"^w_out: expected dtype torch.float64 \(the dtype of x\)"):
+        expert_block(x, w_in, w_out.float(), *ok)
+    with pytest.raises(ValueError, match=r"^inverse: expected shape \[T=7, k\] with T\*k"):
+        expert_block(x, w_in, w_out, r.offs, r.src, r.inverse[:-1], weights)
+    with pytest.raises(TypeError, match=r"^src: expected an integer dtype"):
+        expert_block(x, w_in, w_out, r.offs, r.src.double(), r.inverse, weights)
+    with pytest.raises(ValueError, match=r"^weights: expected shape \[7, 2\]"):
+        expert_block(x, w_in, w_out, r.offs, r.src, r.inverse, weights.t())
+    with pytest.raises(TypeError, match=r"^x: expected a torch.Tensor"):
+        expert_block(None, w_in, w_out, *ok)
+
+
+# --------------------------------------------------------------------------- GPU
+
+
+def _hopper() -> bool:
+    return HAS_CUDA and torch.cuda.get_device_capability() == (9, 0)
+
+
+def _gpu_case(T=300, D=256, Fh=128, E=8, k=2, seed=13):
+    """bf16 on the GPU at sizes the fused kernels take (16-byte aligned rows), routes
+    with an empty expert and T*k = 600 rows."""
+    return _block_case(T, D, Fh, E, k, seed, "cuda", torch.bfloat16, empty=(5,))
+
+
+@pytest.mark.cuda
+def test_expert_block_cuda_bf16_equals_reference_without_host_sync():
+    (x, w_in, w_out, weights), ids, r = _gpu_case()
+    with torch.no_grad():
+        for w in (w_in, w_out):
+            w.div_(w.shape[1] ** 0.5)
+    go = torch.randn(x.shape, device="cuda", dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = expert_block(x, w_in, w_out, r.offs, r.src, r.inverse, weights)
+        got = _block_grads(out, [x, w_in, w_out, weights], go)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    refs = [t.detach().cpu().double().requires_grad_() for t in (x, w_in, w_out, weights)]
+    ref = _reference(refs[0], ids.cpu(), *refs[1:])
+    assert_close_rel(out, ref, torch.bfloat16, "out")
+    want = _block_grads(ref, refs, go.cpu().double())
+    for name, g, w in zip("x w_in w_out weights".split(), got, want):
+        assert_close_rel(g, w, torch.bfloat16, name)
+
+
+@pytest.mark.cuda
+def test_native_fused_functions_run_on_hopper_bf16():
+    """On sm_90 in bf16 at aligned sizes the fused kernels run: the extension answers
+    tuples, not None, of the contract's shapes and dtypes."""
+    import groupmm._native as native
+
+    if not _hopper():
+        pytest.skip("needs an sm_90 GPU")
+    assert hasattr(native, "swiglu_mm") and hasattr(native, "dgated_mm")
+    (x, w_in, w_out, weights), ids, r = _gpu_case()
+    R, Fh = r.src.shape[0], w_out.shape[1]
+    got = native.swiglu_mm(x.detach(), w_in.detach(), r.offs, r.src)
+    assert isinstance(got, tuple) and len(got) == 2
+    assert got[0].shape == (R, 2 * Fh) and got[1].shape == (R, Fh)
+    dy = torch.randn(R, x.shape[1], device="cuda", dtype=torch.bfloat16)
+    scale = torch.rand(R, device="cuda")
+    got = native.dgated_mm(dy, w_out.detach(), r.offs, got[0], scale)
+    assert isinstance(got, tuple) and len(got) == 3
+    dpre, act_s, partial = got
+    assert dpre.shape == (R, 2 * Fh) and act_s.shape == (R, Fh)
+    assert partial.dtype == torch.float32 and partial.shape == (-(-Fh // 64), R)
+
+
+@pytest.mark.cuda
+def test_expert_block_cuda_fused_equals_composed(monkeypatch):
+    """The fused kernels' path and the composition (native functions answering None)
+    agree to bf16 rounding, values and gradients; each is deterministic."""
+    import groupmm._native as native
+
+    (x, w_in, w_out, weights), ids, r = _gpu_case(seed=14)
+    go = torch.randn(x.shape, device="cuda", dtype=torch.bfloat16)
+
+    def run():
+        out = expert_block(x, w_in, w_out, r.offs, r.src, r.inverse, weights)
+        return (out, *_block_grads(out, [x, w_in, w_out, weights], go))
+
+    fused = run()
+    for a, b in zip(fused, run()):
+        assert torch.equal(a, b)
+    monkeypatch.setattr(native, "swiglu_mm", lambda *a: None, raising=False)
+    monkeypatch.setattr(native, "dgated_mm", lambda *a: None, raising=False)
+    composed = run()
+    for name, a, b in zip("out x w_in w_out weights".split(), fused, composed):
+        assert_close_rel(a, b, torch.bfloat16, name)
