@@ -84,8 +84,14 @@ predate the shared combine of step 6 (this module had a gather + batched-product
 of its own, 0.3-1.4 ms faster than multiply + gather + sum); the one-pass row kernels
 that replaced it are what made ``MoELayer`` faster (``benches/NOTES-gpu.md``, run 9).
 
-:func:`_routed_experts` runs steps 2-6; it is where groupmm's fused MoE path (gathered
-inputs and SwiGLU / routing-weight epilogues, issue #13) plugs in once it exists.
+:func:`_routed_experts` runs steps 2-6, except for plain SwiGLU experts (a gate, no
+biases, gate and up concatenated, SiLU, transformers' default gate, no post norm:
+Mixtral, Qwen2/3-MoE, OLMoE, DeepSeek-V3 and most others; not gpt-oss, whose gate is
+clamped and interleaved and which has biases): those run steps 2-6 as one op,
+:func:`groupmm.fused.expert_block` (the rows of ``x`` read through the routing index by
+the up projection, SwiGLU in its epilogue on Hopper, the "dgated" backward; no ``[S, H]``
+copy of the input, and only the ``[S, 2I]`` pre-activation kept for the backward). The
+figures above predate it.
 """
 
 from __future__ import annotations
@@ -99,6 +105,7 @@ from torch import Tensor
 from .. import _checks as check
 from .. import grouped_mm
 from .._glue import Combine, Routes, dispatch, routes, swiglu
+from ..fused import expert_block
 from . import _expert_mm
 
 __all__ = ["NAME", "enable", "groupmm_experts_forward", "is_registered", "register"]
@@ -239,6 +246,7 @@ class _Layout(NamedTuple):
     gate: Callable[[Tensor], Tensor]  # [S, out_in] -> [S, I]
     post_norm: Optional[Callable[[Tensor], Tensor]]
     num_experts: int
+    fused: bool  # a plain SwiGLU block: expert_block runs it (see _fusable)
 
 
 def _layout(module, hidden: int) -> _Layout:
@@ -255,17 +263,51 @@ def _layout(module, hidden: int) -> _Layout:
     transposed = getattr(module, "is_transposed", None)
     if transposed is None:
         transposed = _infer_transposed(w_in, w_out, hidden)
+    concatenated = getattr(module, "is_concatenated", True)
+    own_gate = getattr(module, "_apply_gate", None)
     if has_gate:
-        gate = getattr(module, "_apply_gate", None)
+        gate = own_gate
         if gate is None:
-            gate = _split_gate(module.act_fn, getattr(module, "is_concatenated", True))
+            gate = _split_gate(module.act_fn, concatenated)
     else:
         gate = module.act_fn
     post_norm = module.post_expert_norm if getattr(module, "has_post_expert_norm", False) else None
     num_experts = getattr(module, "num_experts", None)
     if not isinstance(num_experts, int):
         num_experts = w_in.shape[0]
-    return _Layout(w_in, b_in, w_out, b_out, bool(transposed), gate, post_norm, num_experts)
+    fused = (
+        has_gate
+        and not has_bias
+        and post_norm is None
+        and concatenated
+        and _default_gate(own_gate)
+        and _is_silu(getattr(module, "act_fn", None))
+    )
+    return _Layout(
+        w_in, b_in, w_out, b_out, bool(transposed), gate, post_norm, num_experts, bool(fused)
+    )
+
+
+def _default_gate(gate: Any) -> bool:
+    """No gate of the module's own: none (releases before ``_apply_gate``), or
+    transformers' default ``act_fn(gate) * up`` on the concatenated halves (gpt-oss's
+    clamped, interleaved gate and the other models' own gates are not)."""
+    if gate is None:
+        return True
+    default = getattr(_moe_module(), "_default_apply_gate", None)
+    return default is not None and getattr(gate, "__func__", gate) is default
+
+
+def _is_silu(act: Any) -> bool:
+    """``act`` is SiLU: ``F.silu``, ``nn.SiLU`` (``"swish"``) or transformers'
+    ``SiLUActivation`` (``"silu"``, also when a hub kernel replaced its forward)."""
+    if act is torch.nn.functional.silu or isinstance(act, torch.nn.SiLU):
+        return True
+    try:
+        from transformers.activations import SiLUActivation
+    except ImportError:
+        return False
+    return isinstance(act, SiLUActivation)
 
 
 def _infer_transposed(w_in: Tensor, w_out: Tensor, hidden: int) -> bool:
@@ -339,15 +381,27 @@ def _autocast_dtype(device_type: str) -> Optional[torch.dtype]:
     return None
 
 
-def _linear(x: Tensor, w: Tensor, offs: Tensor, transposed: bool) -> Tensor:
-    """Both operands in one dtype (the autocast dtype inside autocast, else the weight's,
-    as transformers' own grouped path does), then the grouped projection with the
-    weight gradient in ``w``'s own layout."""
+def _compute_dtype(x: Tensor, w: Tensor) -> torch.dtype:
+    """The one dtype of a projection's operands: the autocast dtype inside autocast,
+    else the weight's, as transformers' own grouped path does."""
     dtype = _autocast_dtype(x.device.type)
     if dtype is None or torch.float64 in (x.dtype, w.dtype):
         dtype = w.dtype
+    return dtype
+
+
+def _weight(w: Tensor, dtype: torch.dtype, transposed: bool) -> Tensor:
+    """``w`` as ``[E, in, out]`` in ``dtype``: a transposed view of ``[E, out, in]``
+    storage, so that its gradient comes out in the parameter's own layout."""
     w = w.to(dtype)
-    return _expert_mm(x.to(dtype), w if transposed else w.transpose(-2, -1), offs)
+    return w if transposed else w.transpose(-2, -1)
+
+
+def _linear(x: Tensor, w: Tensor, offs: Tensor, transposed: bool) -> Tensor:
+    """Both operands in one dtype (:func:`_compute_dtype`), then the grouped projection
+    with the weight gradient in ``w``'s own layout."""
+    dtype = _compute_dtype(x, w)
+    return _expert_mm(x.to(dtype), _weight(w, dtype, transposed), offs)
 
 
 def _routed_experts(
@@ -356,13 +410,21 @@ def _routed_experts(
     """Steps 2-6 of the module docstring: dispatch, both projections with biases and the
     gate, optional post-expert norm, weighted combine. Returns ``[T, H]``.
 
-    FUSED PATH PLUG-IN (issue #13): when groupmm offers a fused MoE op (gathered-row
-    inputs, SwiGLU and routing-weight epilogues), this is the one function to change:
-    for layouts it covers (no bias, concatenated gate/up, SiLU gate, no post norm) call
-    it with ``hidden_states``, ``route.src``/``route.inverse``/``route.offs`` and the
-    weights in their stored layout, and keep the code below for the rest.
+    The fused path: a plain SwiGLU block (``layout.fused``: a gate, no biases, gate and
+    up concatenated with the gate first, SiLU, transformers' default gate, no post
+    norm: Mixtral, Qwen2/3-MoE, OLMoE, DeepSeek-V3, ...) runs as one op,
+    :func:`groupmm.fused.expert_block`, on the stored weights through transposed views
+    (their gradients in the parameters' own layout): no ``[S, H]`` copy of the input,
+    and no ``[S, H]`` or ``[S, I]`` tensor kept for the backward. Everything else takes
+    the steps below.
     """
     offs = route.offs
+    if layout.fused:
+        dtype = _compute_dtype(hidden_states, layout.w_in)
+        w_in = _weight(layout.w_in, dtype, layout.transposed)
+        w_out = _weight(layout.w_out, dtype, layout.transposed)
+        x = hidden_states.to(dtype)
+        return expert_block(x, w_in, w_out, offs, route.src, route.inverse, weights)
     xs = dispatch(hidden_states, route)
     h = _linear(xs, layout.w_in, offs, layout.transposed)
     expert = None
