@@ -13,8 +13,9 @@ routing, the implementations of a row timed interleaved.
 
 Implementations (every one is router -> dispatch -> SwiGLU experts -> weighted combine):
 
-- ``fused``: ``groupmm.moe.MoELayer`` as it runs by default (``groupmm.fused.expert_up`` /
-  ``expert_down``: groupmm's grouped GEMMs, the glue in one-pass row kernels);
+- ``fused``: ``groupmm.moe.MoELayer`` as it runs by default (``groupmm.fused.expert_block``:
+  the up projection with SwiGLU and the "dgated" backward in one native call each, the
+  other glue in one-pass row kernels);
 - ``groupmm``: ``MoELayer(fused=False)``'s path (permute, ``GroupedExperts``, unpermute);
 - ``torch-gmm``: that unfused path with ``torch.nn.functional.grouped_mm`` swapped in for
   the two grouped products (groupmm's glue, torch's GEMMs);
@@ -92,7 +93,7 @@ import groupmm
 import groupmm.nn as gnn
 import torch
 import torch.nn.functional as F
-from groupmm.fused import expert_down, expert_up
+from groupmm.fused import expert_block
 from groupmm.moe import MoELayer, _routes, permute, unpermute
 from timing import (  # benches/timing.py, same folder
     calls_for,
@@ -271,8 +272,8 @@ def moe_forward(layer: MoELayer, x, ids=None, fused=False):
     w, ids = route(layer, x, ids)
     if fused:
         r = _routes(ids, layer.num_experts, None)
-        h = expert_up(x, layer.experts.w_in, r.offs, r.src, r.inverse)
-        return expert_down(h, layer.experts.w_out, r.offs, r.inverse, w)
+        ex = layer.experts
+        return expert_block(x, ex.w_in, ex.w_out, r.offs, r.src, r.inverse, w)
     p = permute(x, ids, layer.num_experts)
     y = layer.experts(p.tokens, p.offs)
     return unpermute(y, p.inverse, w)
