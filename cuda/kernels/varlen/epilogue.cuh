@@ -277,8 +277,8 @@ __device__ __forceinline__ void pp_swiglu(const Params& p, const Tile& tile, con
 // the pre-activation (gate g, up u) and the row scale s of each row. Per 64-column chunk:
 // stage 1 stores dgate = s p u sig (1 + g (1 - sig)) and dup = s p silu(g) to the two halves
 // of dpre and sums p silu(g) u per row into partial[chunk, row]; stage 2 stores
-// act = s silu(g) u (g and u read again: they are in L1/L2). Rows past the group's end are
-// another tile's: not read, not written.
+// act = s silu(g) u (g and u loaded again: L1 / L2 hits). Rows past the group's end are another
+// tile's: not read, not written.
 template <class C, bool kZeros, class Acc>
 __device__ __forceinline__ void pp_dgated(const Params& p, const Tile& tile, const Acc& acc,
                                           unsigned char* bufs, int cwg, int lt) {
@@ -294,40 +294,49 @@ __device__ __forceinline__ void pp_dgated(const Params& p, const Tile& tile, con
     rows[mb][v1] = r < end ? r : -1;
     s[mb][v1] = (!kZeros && r < end) ? __ldg(p.scale + r) : 0.f;
   });
-  // g and u of (mb, jj, v1) in chunk j: the pairs at column c, c + 1 of each half
-  auto gu = [&](int mb, int v1, int c, float2& g, float2& u) {
-    const int r = rows[mb][v1];
-    if (r < 0 || c >= f) {
-      g = u = make_float2(0.f, 0.f);
-      return;
-    }
-    g = unpack<T>(__ldg(pre + int64_t(r) * pre_ld + c / 2));
-    u = unpack<T>(__ldg(pre + int64_t(r) * pre_ld + (f + c) / 2));
-  };
   CUTE_UNROLL
   for (int j = 0; j < 2; ++j) {
     const int col = tile.n0 + 64 * j;
     if (col >= f) break;  // the whole chunk is past F (the maps would drop it anyway)
+    // One 64-row block's g and u pairs, all loaded before their first use: the
+    // shared-memory stores are ordered asm, so loads issued between them would each wait
+    // alone. Per block, not per chunk, to stay within the registers (no spills).
     float sum[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
     fused_stage(tile, bufs, cwg, lt, &p.tma_d, &p.tma_d2, col, [&](auto st) {
-      each_pair([&](int mb, int jj, int v1) {
-        if constexpr (kZeros) {
-          st(0, mb, jj, v1, 0u);
-          st(1, mb, jj, v1, 0u);
-        } else {
-          const int i = 64 * mb + 4 * (8 * j + jj) + 2 * v1;
-          float2 g, u;
-          gu(mb, v1, col + 8 * jj + 2 * (lane % 4), g, u);
-          const float sg0 = sigmoid(g.x), sg1 = sigmoid(g.y);
-          const float si0 = g.x * sg0, si1 = g.y * sg1;
-          const float sp0 = s[mb][v1] * acc(i), sp1 = s[mb][v1] * acc(i + 1);
-          sum[mb][v1] += acc(i) * si0 * u.x + acc(i + 1) * si1 * u.y;
-          st(0, mb, jj, v1,
-             pack<T>(sp0 * u.x * sg0 * (1.f + g.x * (1.f - sg0)),
-                     sp1 * u.y * sg1 * (1.f + g.y * (1.f - sg1))));
-          st(1, mb, jj, v1, pack<T>(sp0 * si0, sp1 * si1));
+      CUTE_UNROLL
+      for (int mb = 0; mb < 2; ++mb) {
+        uint32_t graw[8][2], uraw[8][2];
+        CUTE_UNROLL
+        for (int q = 0; q < 16; ++q) {
+          const int jj = q / 2, v1 = q % 2;
+          const int r = rows[mb][v1], c = col + 8 * jj + 2 * (lane % 4);
+          const bool ok = !kZeros && r >= 0 && c < f;
+          const uint32_t* row = pre + int64_t(ok ? r : 0) * pre_ld;
+          graw[jj][v1] = ok ? __ldg(row + c / 2) : 0u;
+          uraw[jj][v1] = ok ? __ldg(row + (f + c) / 2) : 0u;
         }
-      });
+        CUTE_UNROLL
+        for (int jj = 0; jj < 8; ++jj) {
+          CUTE_UNROLL
+          for (int v1 = 0; v1 < 2; ++v1) {
+            if constexpr (kZeros) {
+              st(0, mb, jj, v1, 0u);
+              st(1, mb, jj, v1, 0u);
+            } else {
+              const int i = 64 * mb + 4 * (8 * j + jj) + 2 * v1;
+              const float2 g = unpack<T>(graw[jj][v1]), u = unpack<T>(uraw[jj][v1]);
+              const float sg0 = sigmoid(g.x), sg1 = sigmoid(g.y);
+              const float si0 = g.x * sg0, si1 = g.y * sg1;
+              const float sp0 = s[mb][v1] * acc(i), sp1 = s[mb][v1] * acc(i + 1);
+              sum[mb][v1] += acc(i) * si0 * u.x + acc(i + 1) * si1 * u.y;
+              st(0, mb, jj, v1,
+                 pack<T>(sp0 * u.x * sg0 * (1.f + g.x * (1.f - sg0)),
+                         sp1 * u.y * sg1 * (1.f + g.y * (1.f - sg1))));
+              st(1, mb, jj, v1, pack<T>(sp0 * si0, sp1 * si1));
+            }
+          }
+        }
+      }
     });
     // the row sums: the four lanes of a row, then one plain store per (row, chunk)
     each_row([&](int mb, int v1) {
@@ -337,16 +346,33 @@ __device__ __forceinline__ void pp_dgated(const Params& p, const Tile& tile, con
       if (lane % 4 == 0 && rows[mb][v1] >= 0) p.partial[int64_t(col / 64) * p.m + rows[mb][v1]] = v;
     });
     fused_stage(tile, bufs, cwg, lt, &p.tma_act, nullptr, col, [&](auto st) {
-      each_pair([&](int mb, int jj, int v1) {
-        if constexpr (kZeros) {
-          st(0, mb, jj, v1, 0u);
-        } else {
-          float2 g, u;
-          gu(mb, v1, col + 8 * jj + 2 * (lane % 4), g, u);
-          const float sc = s[mb][v1];
-          st(0, mb, jj, v1, pack<T>(sc * g.x * sigmoid(g.x) * u.x, sc * g.y * sigmoid(g.y) * u.y));
+      CUTE_UNROLL
+      for (int mb = 0; mb < 2; ++mb) {
+        uint32_t graw[8][2], uraw[8][2];
+        CUTE_UNROLL
+        for (int q = 0; q < 16; ++q) {
+          const int jj = q / 2, v1 = q % 2;
+          const int r = rows[mb][v1], c = col + 8 * jj + 2 * (lane % 4);
+          const bool ok = !kZeros && r >= 0 && c < f;
+          const uint32_t* row = pre + int64_t(ok ? r : 0) * pre_ld;
+          graw[jj][v1] = ok ? __ldg(row + c / 2) : 0u;
+          uraw[jj][v1] = ok ? __ldg(row + (f + c) / 2) : 0u;
         }
-      });
+        CUTE_UNROLL
+        for (int jj = 0; jj < 8; ++jj) {
+          CUTE_UNROLL
+          for (int v1 = 0; v1 < 2; ++v1) {
+            if constexpr (kZeros) {
+              st(0, mb, jj, v1, 0u);
+            } else {
+              const float2 g = unpack<T>(graw[jj][v1]), u = unpack<T>(uraw[jj][v1]);
+              const float sc = s[mb][v1];
+              st(0, mb, jj, v1,
+                 pack<T>(sc * g.x * sigmoid(g.x) * u.x, sc * g.y * sigmoid(g.y) * u.y));
+            }
+          }
+        }
+      }
     });
   }
 }
