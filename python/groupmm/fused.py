@@ -79,8 +79,7 @@ def _swiglu_mm(x: Tensor, w: Tensor, offs: Tensor, src: Optional[Tensor]) -> Tup
     without ``src``) and ``act = silu(gate) * up`` (``[R, F]``). One native call where a
     fused kernel runs (``_native.swiglu_mm``), else the gathered product and the row op.
     Real tensors only (op implementations)."""
-    fused = getattr(_native, "swiglu_mm", None)
-    got = None if fused is None else fused(x, w, offs, src)
+    got = _native.swiglu_mm(x, w, offs, src)
     if got is not None:
         return got
     pre = grouped_mm(x, w, offs=offs) if src is None else _native.gather_mm(x, w, offs, src)
@@ -97,9 +96,8 @@ def _dgated_mm(
     and ``row_grad[r] = sum_f p[r, f]·silu(g)·u`` (``[R]`` in ``scale``'s dtype: each
     row's router-weight gradient). One native call where a fused kernel runs
     (``_native.dgated_mm``, which never stores ``p``), else :func:`_dgated_composed`."""
-    fused = getattr(_native, "dgated_mm", None)
-    if fused is not None and scale.dtype == torch.float32:  # the kernels' scale: float32
-        got = fused(dy, w_out, offs, pre, scale)
+    if scale.dtype == torch.float32:  # the kernels' scale (float64 blocks: no kernel)
+        got = _native.dgated_mm(dy, w_out, offs, pre, scale)
         if got is not None:
             dpre, act_s, partial = got  # partial: float32 [ceil(F/64), R] per column tile
             return dpre, act_s, partial.sum(0)
