@@ -187,6 +187,31 @@ pub unsafe fn run<R: Runtime>(rt: &mut R, call: RowsCall<'_>) -> Result<R::Out> 
     Ok(o)
 }
 
+/// The rule for routing indices on the host: every index an op reads (`src` as a
+/// one-column `inverse`, or `inverse`) names a row in `[0, rows)`; the first one that
+/// does not is the error. (On CUDA the kernels skip such an index and raise the deferred
+/// flag instead, reported at the next call without a host sync:
+/// [`crate::shape::index_error_pending`].)
+///
+/// # Safety
+/// `inverse` is 0 or the address of `tokens * top_k` live host int32 values.
+unsafe fn check_indices(dims: &RowsDims, inverse: usize) -> Result<()> {
+    let n = dims.tokens * dims.top_k;
+    if inverse == 0 || n == 0 {
+        return Ok(());
+    }
+    // SAFETY: forwarded contract.
+    let idx = unsafe { std::slice::from_raw_parts(inverse as *const i32, n) };
+    match idx.iter().position(|&r| r < 0 || r as usize >= dims.rows) {
+        None => Ok(()),
+        Some(i) => Err(crate::error::Error::Value(format!(
+            "src/inverse: routing index {} at position {i} is out of range: expected a row \
+             in [0, {})",
+            idx[i], dims.rows
+        ))),
+    }
+}
+
 /// Runs a validated row op on contiguous operands: the CPU loops or one CUDA launch.
 ///
 /// # Safety
@@ -203,6 +228,8 @@ pub(super) unsafe fn launch<R: Runtime>(
         // SAFETY: forwarded contract.
         Device::Cuda(d) => unsafe { cuda::rows(rt, d, dims, dtypes, p) },
         Device::Cpu => {
+            // SAFETY: forwarded contract (host memory).
+            unsafe { check_indices(dims, p.inverse) }?;
             // SAFETY: forwarded contract (host memory).
             rt.run_cpu(&mut || unsafe { cpu::rows::run(dims, dtypes.0, dtypes.1, p) });
             Ok(())
@@ -263,21 +290,21 @@ mod tests {
 
     #[test]
     fn gather_sum_and_scatter_rows_against_loops() {
-        // 2 tokens, k = 2, 4 rows of 3 columns; row 3 unnamed, one index out of range.
+        // 2 tokens, k = 2, 4 rows of 3 columns.
         let (_y, y) = t(
             &[4, 3],
             DType::F32,
             &[1., 2., 3., 4., 5., 6., 7., 8., 9., 10., 11., 12.],
         );
-        let (_i, inv) = index(&[2, 0, 1, 9], &[2, 2]);
+        let (_i, inv) = index(&[2, 0, 1, 3], &[2, 2]);
         let (_w, w) = t(&[2, 2], DType::F32, &[0.5, 2.0, -1.0, 3.0]);
         let out = run(RowsCall::GatherSum {
             y: &y,
             inverse: &inv,
             weights: Some(&w),
         });
-        // token 0: 0.5*row2 + 2*row0; token 1: -row1 (row 9 ignored)
-        assert_eq!(out, vec![5.5, 8.0, 10.5, -4.0, -5.0, -6.0]);
+        // token 0: 0.5*row2 + 2*row0; token 1: -row1 + 3*row3
+        assert_eq!(out, vec![5.5, 8.0, 10.5, 26.0, 28.0, 30.0]);
 
         let (_g, g) = t(&[2, 3], DType::F32, &[1., 2., 3., 4., 5., 6.]);
         let dy = run(RowsCall::ScatterRows {
@@ -288,7 +315,7 @@ mod tests {
         });
         assert_eq!(
             dy,
-            vec![2., 4., 6., -4., -5., -6., 0.5, 1., 1.5, 0., 0., 0.]
+            vec![2., 4., 6., -4., -5., -6., 0.5, 1., 1.5, 12., 15., 18.]
         );
 
         let dots = run(RowsCall::RowDots {
@@ -299,8 +326,54 @@ mod tests {
         });
         assert_eq!(
             dots,
-            vec![7. + 16. + 27., 1. + 4. + 9., 4. * 4. + 25. + 36., 0.]
+            vec![
+                7. + 16. + 27.,
+                1. + 4. + 9.,
+                16. + 25. + 36.,
+                40. + 55. + 72.
+            ]
         );
+    }
+
+    /// An index outside `[0, rows)` is an error on the host, naming the index and its
+    /// position, for every op that reads one (never a silent zero row).
+    #[test]
+    fn routing_index_out_of_range_is_an_error() {
+        let (_y, y) = t(&[4, 3], DType::F32, &[0.0; 12]);
+        let (_g, g) = t(&[2, 3], DType::F32, &[0.0; 6]);
+        for bad in [9, 4, -1] {
+            let (_i, inv) = index(&[2, 0, 1, bad], &[2, 2]);
+            let calls = [
+                RowsCall::GatherSum {
+                    y: &y,
+                    inverse: &inv,
+                    weights: None,
+                },
+                RowsCall::ScatterRows {
+                    grad: &g,
+                    inverse: &inv,
+                    weights: None,
+                    rows: 4,
+                },
+                RowsCall::RowDots {
+                    grad: &g,
+                    y: &y,
+                    inverse: &inv,
+                    out_dtype: DType::F32,
+                },
+            ];
+            for call in calls {
+                let msg = match unsafe { super::run(&mut Host, call) } {
+                    Err(e) => e.to_string(),
+                    Ok(_) => panic!("index {bad} accepted"),
+                };
+                assert!(
+                    msg.contains(&format!("routing index {bad} at position 3")),
+                    "{msg}"
+                );
+                assert!(msg.contains("[0, 4)"), "{msg}");
+            }
+        }
     }
 
     #[test]

@@ -5,6 +5,7 @@ inputs, empty inputs, the custom ops (opcheck, torch.compile) and errors."""
 
 from __future__ import annotations
 
+import groupmm
 import pytest
 import torch
 import torch.nn.functional as F
@@ -76,15 +77,35 @@ def test_gather_scatter_dots(device, dtype, weighted, cols):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_out_of_range_indices_read_and_write_nothing(device):
+def test_out_of_range_indices_are_reported_and_read_nothing(device):
+    """An index outside [0, rows) is never read and never silently a zero row: on the CPU
+    the op raises, naming the index; on CUDA the kernel skips it (reads and writes
+    nothing for it) and the device's next grouped GEMM call raises, without a host sync."""
     y = torch.arange(12.0, device=device).view(4, 3)
     inv = torch.tensor([[0, 7], [-1, 2]], device=device)
-    torch.testing.assert_close(_rows.gather_sum(y, inv), torch.stack([y[0], y[2]]), rtol=0, atol=0)
     grad = torch.ones(2, 3, device=device)
-    dy = _rows.scatter_rows(grad, inv, None, 4)
-    assert dy.sum().item() == 6 and (dy[0] == 1).all() and (dy[2] == 1).all()
-    dots = _rows.row_dots(grad, y, inv, torch.float32)
-    torch.testing.assert_close(dots, torch.tensor([[3.0, 0.0], [0.0, 21.0]], device=device))
+    calls = [
+        lambda: _rows.gather_sum(y, inv),
+        lambda: _rows.scatter_rows(grad, inv, None, 4),
+        lambda: _rows.row_dots(grad, y, inv, torch.float32),
+    ]
+    if device == "cpu":
+        for call in calls:
+            with pytest.raises(ValueError, match=r"routing index (7|-1) at position \d"):
+                call()
+        return
+    dev = torch.cuda.current_device()
+    w = torch.randn(2, 3, 5, device=device)
+    offs = torch.tensor([2, 4], dtype=torch.int32, device=device)
+    out = [call() for call in calls]
+    torch.testing.assert_close(out[0], torch.stack([y[0], y[2]]), rtol=0, atol=0)
+    assert out[1].sum().item() == 6 and (out[1][0] == 1).all() and (out[1][2] == 1).all()
+    torch.testing.assert_close(out[2], torch.tensor([[3.0, 0.0], [0.0, 21.0]], device=device))
+    torch.cuda.synchronize()
+    with pytest.raises(ValueError, match="routing index out of range"):
+        groupmm.grouped_mm(y, w, offs=offs)
+    assert not groupmm._native.take_offs_error(dev), "the error is reported once"
+    groupmm.grouped_mm(y, w, offs=offs)  # and the next call runs
 
 
 @pytest.mark.parametrize("device", DEVICES)
