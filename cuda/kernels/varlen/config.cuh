@@ -90,6 +90,8 @@ struct Cfg {
     // of the store boxes.
     alignas(1024) T d[kDElems];
     typename Pipeline::SharedStorage pipe;
+    // DGated: per consumer warpgroup, the barrier its TMA loads of pre's chunks arrive on.
+    alignas(8) uint64_t epi_bar[2];
   };
   static constexpr int kSmemBytes = int(sizeof(Smem));
   static_assert(kSmemBytes <= kSmemLimit, "shared memory");
@@ -107,7 +109,8 @@ struct Params {
   // (F columns each), tma_d and tma_d2 the two halves of pre; DGated: tma_d and tma_d2 the
   // two halves of dpre. tma_act: act [m, F] (ragged, like tma_d).
   CUtensorMap tma_b2, tma_d2, tma_act;
-  const void* pre;  // DGated: [m, 2F]
+  CUtensorMap tma_pre, tma_pre2;  // DGated: pre's gate and up halves (ragged, F columns)
+  const void* pre;                // DGated: [m, 2F]
   const float* scale;
   float* partial;
   int f;  // F

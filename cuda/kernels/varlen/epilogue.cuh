@@ -275,18 +275,22 @@ __device__ __forceinline__ void pp_swiglu(const Params& p, const Tile& tile, con
 
 // DGated: the tile's 128 columns are p = dY . W^T for columns n0 .. n0 + 127 of F, read with
 // the pre-activation (gate g, up u) and the row scale s of each row. Per 64-column chunk:
-// stage 1 stores dgate = s p u sig (1 + g (1 - sig)) and dup = s p silu(g) to the two halves
-// of dpre and sums p silu(g) u per row into partial[chunk, row]; stage 2 stores
-// act = s silu(g) u (g and u loaded again: L1 / L2 hits). Rows past the group's end are another
-// tile's: not read, not written.
+// one thread loads the chunk's g and u into the warpgroup's two buffers by TMA (rows past
+// the group's end read zeros); every thread reads its fragment's pairs there, writes dgate =
+// s p u sig (1 + g (1 - sig)) and dup = s p silu(g) in their place (each thread rewrites
+// only what it read), keeps act = s silu(g) u in registers and sums p silu(g) u per row
+// into partial[chunk, row]; both halves of dpre are stored, then act through buffer 0.
+// (Loads by the threads themselves, between the ordered shared-memory stores, made the
+// epilogue 4x the mainloop.) Rows past the group's end are another tile's: not written.
+// `phase` counts the warpgroup's barrier uses (its parity is the barrier's phase).
 template <class C, bool kZeros, class Acc>
 __device__ __forceinline__ void pp_dgated(const Params& p, const Tile& tile, const Acc& acc,
-                                          unsigned char* bufs, int cwg, int lt) {
+                                          unsigned char* bufs, uint64_t* bar, int cwg, int lt,
+                                          int& phase) {
   using T = typename C::T;
-  const int lane = lt % 32, wq = lt / 32;
+  constexpr int kBuf = 128 * 128;
+  const int lane = lt % 32, wq = lt / 32, sw = lane / 4;
   const int end = tile.start + tile.len, f = p.f;
-  const uint32_t* pre = static_cast<const uint32_t*>(p.pre);  // bf16/f16 pairs
-  const int64_t pre_ld = f;                                   // pairs per row (2F elements)
   int rows[2][2];
   float s[2][2];
   each_row([&](int mb, int v1) {
@@ -294,50 +298,59 @@ __device__ __forceinline__ void pp_dgated(const Params& p, const Tile& tile, con
     rows[mb][v1] = r < end ? r : -1;
     s[mb][v1] = (!kZeros && r < end) ? __ldg(p.scale + r) : 0.f;
   });
+  uint32_t base = cast_smem_ptr_to_uint(bufs) + uint32_t((wq * 16 + sw) * 128 + (lane % 4) * 4);
+  asm volatile("" : "+r"(base));
   CUTE_UNROLL
   for (int j = 0; j < 2; ++j) {
     const int col = tile.n0 + 64 * j;
     if (col >= f) break;  // the whole chunk is past F (the maps would drop it anyway)
-    // One 64-row block's g and u pairs, all loaded before their first use: the
-    // shared-memory stores are ordered asm, so loads issued between them would each wait
-    // alone. Per block, not per chunk, to stay within the registers (no spills).
     float sum[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
-    fused_stage(tile, bufs, cwg, lt, &p.tma_d, &p.tma_d2, col, [&](auto st) {
-      CUTE_UNROLL
-      for (int mb = 0; mb < 2; ++mb) {
-        uint32_t graw[8][2], uraw[8][2];
-        CUTE_UNROLL
-        for (int q = 0; q < 16; ++q) {
-          const int jj = q / 2, v1 = q % 2;
-          const int r = rows[mb][v1], c = col + 8 * jj + 2 * (lane % 4);
-          const bool ok = !kZeros && r >= 0 && c < f;
-          const uint32_t* row = pre + int64_t(ok ? r : 0) * pre_ld;
-          graw[jj][v1] = ok ? __ldg(row + c / 2) : 0u;
-          uraw[jj][v1] = ok ? __ldg(row + (f + c) / 2) : 0u;
-        }
-        CUTE_UNROLL
-        for (int jj = 0; jj < 8; ++jj) {
-          CUTE_UNROLL
-          for (int v1 = 0; v1 < 2; ++v1) {
-            if constexpr (kZeros) {
-              st(0, mb, jj, v1, 0u);
-              st(1, mb, jj, v1, 0u);
-            } else {
-              const int i = 64 * mb + 4 * (8 * j + jj) + 2 * v1;
-              const float2 g = unpack<T>(graw[jj][v1]), u = unpack<T>(uraw[jj][v1]);
-              const float sg0 = sigmoid(g.x), sg1 = sigmoid(g.y);
-              const float si0 = g.x * sg0, si1 = g.y * sg1;
-              const float sp0 = s[mb][v1] * acc(i), sp1 = s[mb][v1] * acc(i + 1);
-              sum[mb][v1] += acc(i) * si0 * u.x + acc(i + 1) * si1 * u.y;
-              st(0, mb, jj, v1,
-                 pack<T>(sp0 * u.x * sg0 * (1.f + g.x * (1.f - sg0)),
-                         sp1 * u.y * sg1 * (1.f + g.y * (1.f - sg1))));
-              st(1, mb, jj, v1, pack<T>(sp0 * si0, sp1 * si1));
-            }
-          }
-        }
+    uint32_t act[2][8][2];
+    if (lt == 0) tma_store_wait<0>();  // the buffers' earlier stores have read them
+    cutlass::arch::NamedBarrier::sync(128, kEpilogueBar + cwg);
+    if constexpr (!kZeros) {
+      if (lt == 0) {
+        cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(bar, 2 * kBuf);
+        const uint64_t hint = static_cast<uint64_t>(TMA::CacheHintSm90::EVICT_FIRST);
+        const int r = big() - tile.len + (tile.m0 - tile.start);
+        SM90_TMA_LOAD_4D::copy(&p.tma_pre, bar, hint, bufs, col, r, big(), end);
+        SM90_TMA_LOAD_4D::copy(&p.tma_pre, bar, hint, bufs + 64 * 128, col, r + 64, big(), end);
+        SM90_TMA_LOAD_4D::copy(&p.tma_pre2, bar, hint, bufs + kBuf, col, r, big(), end);
+        SM90_TMA_LOAD_4D::copy(&p.tma_pre2, bar, hint, bufs + kBuf + 64 * 128, col, r + 64, big(),
+                               end);
       }
+      cutlass::arch::ClusterBarrier::wait(bar, uint32_t(phase & 1));
+      ++phase;
+    }
+    each_pair([&](int mb, int jj, int v1) {
+      const uint32_t off = uint32_t((64 * mb + 8 * v1) * 128) + uint32_t((jj ^ sw) << 4);
+      uint32_t dg = 0u, du = 0u, av = 0u;
+      if constexpr (!kZeros) {
+        uint32_t graw, uraw;
+        asm volatile("ld.shared.b32 %0, [%1];" : "=r"(graw) : "r"(base + off) : "memory");
+        asm volatile("ld.shared.b32 %0, [%1];" : "=r"(uraw) : "r"(base + kBuf + off) : "memory");
+        const int i = 64 * mb + 4 * (8 * j + jj) + 2 * v1;
+        const float2 g = unpack<T>(graw), u = unpack<T>(uraw);
+        const float sg0 = sigmoid(g.x), sg1 = sigmoid(g.y);
+        const float si0 = g.x * sg0, si1 = g.y * sg1;
+        const float sc = s[mb][v1], sp0 = sc * acc(i), sp1 = sc * acc(i + 1);
+        sum[mb][v1] += acc(i) * si0 * u.x + acc(i + 1) * si1 * u.y;
+        dg = pack<T>(sp0 * u.x * sg0 * (1.f + g.x * (1.f - sg0)),
+                     sp1 * u.y * sg1 * (1.f + g.y * (1.f - sg1)));
+        du = pack<T>(sp0 * si0, sp1 * si1);
+        av = pack<T>(sc * si0 * u.x, sc * si1 * u.y);
+      }
+      act[mb][jj][v1] = av;
+      asm volatile("st.shared.b32 [%0], %1;" ::"r"(base + off), "r"(dg) : "memory");
+      asm volatile("st.shared.b32 [%0], %1;" ::"r"(base + kBuf + off), "r"(du) : "memory");
     });
+    cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> the TMA unit
+    cutlass::arch::NamedBarrier::sync(128, kEpilogueBar + cwg);
+    if (lt == 0) {
+      store_chunk(&p.tma_d, tile, bufs, col);
+      store_chunk(&p.tma_d2, tile, bufs + kBuf, col);
+      tma_store_arrive();
+    }
     // the row sums: the four lanes of a row, then one plain store per (row, chunk)
     each_row([&](int mb, int v1) {
       float v = sum[mb][v1];
@@ -346,46 +359,22 @@ __device__ __forceinline__ void pp_dgated(const Params& p, const Tile& tile, con
       if (lane % 4 == 0 && rows[mb][v1] >= 0) p.partial[int64_t(col / 64) * p.m + rows[mb][v1]] = v;
     });
     fused_stage(tile, bufs, cwg, lt, &p.tma_act, nullptr, col, [&](auto st) {
-      CUTE_UNROLL
-      for (int mb = 0; mb < 2; ++mb) {
-        uint32_t graw[8][2], uraw[8][2];
-        CUTE_UNROLL
-        for (int q = 0; q < 16; ++q) {
-          const int jj = q / 2, v1 = q % 2;
-          const int r = rows[mb][v1], c = col + 8 * jj + 2 * (lane % 4);
-          const bool ok = !kZeros && r >= 0 && c < f;
-          const uint32_t* row = pre + int64_t(ok ? r : 0) * pre_ld;
-          graw[jj][v1] = ok ? __ldg(row + c / 2) : 0u;
-          uraw[jj][v1] = ok ? __ldg(row + (f + c) / 2) : 0u;
-        }
-        CUTE_UNROLL
-        for (int jj = 0; jj < 8; ++jj) {
-          CUTE_UNROLL
-          for (int v1 = 0; v1 < 2; ++v1) {
-            if constexpr (kZeros) {
-              st(0, mb, jj, v1, 0u);
-            } else {
-              const float2 g = unpack<T>(graw[jj][v1]), u = unpack<T>(uraw[jj][v1]);
-              const float sc = s[mb][v1];
-              st(0, mb, jj, v1,
-                 pack<T>(sc * g.x * sigmoid(g.x) * u.x, sc * g.y * sigmoid(g.y) * u.y));
-            }
-          }
-        }
-      }
+      each_pair([&](int mb, int jj, int v1) { st(0, mb, jj, v1, act[mb][jj][v1]); });
     });
   }
 }
 
 // The epilogue of a ping-pong tile: the plain one or a fused one.
+// `chunk` counts the plain epilogue's chunks, or DGated's barrier uses.
 template <class C, bool kZeros, class Acc>
 __device__ __forceinline__ void pp_store(const Params& p, const Tile& tile, const Acc& acc,
-                                         unsigned char* smem_d, int cwg, int lt, int& chunk) {
+                                         typename C::Smem& smem, int cwg, int lt, int& chunk) {
+  unsigned char* smem_d = reinterpret_cast<unsigned char*>(smem.d);
   unsigned char* bufs = smem_d + cwg * 2 * (C::BM * 128);
   if constexpr (C::kEpi == Epilogue::SwiGLU) {
     pp_swiglu<C, kZeros>(p, tile, acc, bufs, cwg, lt);
   } else if constexpr (C::kEpi == Epilogue::DGated) {
-    pp_dgated<C, kZeros>(p, tile, acc, bufs, cwg, lt);
+    pp_dgated<C, kZeros>(p, tile, acc, bufs, &smem.epi_bar[cwg], cwg, lt, chunk);
   } else {
     pp_epilogue<C, kZeros>(p, tile, acc, smem_d, cwg, lt, chunk);
   }

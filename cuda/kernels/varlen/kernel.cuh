@@ -69,7 +69,6 @@ __device__ __forceinline__ void consume_pingpong(const Params& p, Pipeline& pipe
       thr.partition_A(make_tensor(make_smem_ptr(smem.a), typename C::SmemLayoutA{})));
   Tensor tCrB = thr.make_fragment_B(
       thr.partition_B(make_tensor(make_smem_ptr(smem.b), typename C::SmemLayoutB{})));
-  unsigned char* smem_d = reinterpret_cast<unsigned char*>(smem.d);
   typename Pipeline::PipelineState rs, fs;
   int chunk = 0;  // this warpgroup's epilogue chunks so far
   int i = 0;      // the CTA's tile count so far; tile i is warpgroup i % 2's
@@ -91,12 +90,12 @@ __device__ __forceinline__ void consume_pingpong(const Params& p, Pipeline& pipe
     };
     if (kbs == 0) {
       hand_off();
-      pp_store<C, true>(p, tile, 0, smem_d, cwg, lt, chunk);
+      pp_store<C, true>(p, tile, 0, smem, cwg, lt, chunk);
       continue;
     }
     Tensor acc = partition_fragment_C(mma, Shape<Int<BM>, Int<BN>>{});
     mma_tile<C>(mma, tCrA, tCrB, acc, pipeline, rs, fs, kbs, hand_off);
-    pp_store<C, false>(p, tile, acc, smem_d, cwg, lt, chunk);
+    pp_store<C, false>(p, tile, acc, smem, cwg, lt, chunk);
   }
   if (lt == 0) tma_store_wait<0>();
 }
@@ -118,6 +117,13 @@ __global__ void __launch_bounds__(C::kThreads, 1) varlen_kernel(const __grid_con
   pp.num_producers = C::kGather ? 1 + 128 : 1;
   pp.initializing_warp = 0;
   Pipeline pipeline(smem.pipe, pp, Shape<_1, _1, _1>{});
+  if constexpr (C::kEpi == Epilogue::DGated) {
+    if (threadIdx.x == 0) {
+      cutlass::arch::ClusterBarrier::init(&smem.epi_bar[0], 1);
+      cutlass::arch::ClusterBarrier::init(&smem.epi_bar[1], 1);
+    }
+    cutlass::arch::fence_barrier_init();
+  }
   __syncthreads();
 
   Scheduler<C::kMode, C::BM, C::BN> sched(p);

@@ -112,6 +112,12 @@ std::string run(const Args& x) {
       if (err.empty())
         err = encode_ragged(&p.tma_d2, dt, d + f * es, f, x.ldd, 64, 64, "D up half");
       if (err.empty()) err = encode_ragged(&p.tma_act, dt, x.act, f, f, 64, 64, "act [T, F]");
+      if (C::kEpi == Epilogue::DGated) {
+        const char* pre = static_cast<const char*>(x.pre);
+        if (err.empty()) err = encode_ragged(&p.tma_pre, dt, pre, f, 2 * f, 64, 64, "pre gate");
+        if (err.empty())
+          err = encode_ragged(&p.tma_pre2, dt, pre + f * es, f, 2 * f, 64, 64, "pre up");
+      }
     }
   } else {
     err = encode_ragged(&p.tma_a, dt, x.a, x.m, x.lda, 64, C::BK, "A = x^T (ragged)");
