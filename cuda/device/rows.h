@@ -17,7 +17,8 @@
 //                                                                     out [T, k] (w's dtype)
 //
 // An index outside [0, R) contributes nothing (GatherSum, RowDots: zero) and writes
-// nothing (ScatterRows): never an access out of bounds. Plain C++ (host code includes it).
+// nothing (ScatterRows): never an access out of bounds; it sets the deferred error flag
+// (err_flag = kErrIndex), which the device's next call reports. Plain C++ (host code includes it).
 #pragma once
 #include "device/types.h"
 

@@ -299,8 +299,8 @@ def expert_block(
 
     One op, ``torch.ops.groupmm.expert_block``; what runs and what the backward keeps:
     the module docstring. :func:`groupmm._glue.routes` gives ``offs``/``src``/``inverse``
-    (``MoELayer`` calls this). Index values are not checked (that would need a host
-    sync): out-of-range ids give wrong results or a device error.
+    (``MoELayer`` calls this). An index out of range is an error: at once on the CPU, at
+    the device's next call on CUDA (no host sync); it is never read.
     """
     # before the op: its fake (torch.compile) checks nothing, the indices are converted
     # to int32 before the native calls, only the backward reads some operands, and the
@@ -382,8 +382,8 @@ def expert_up(x: Tensor, w: Tensor, offs: Tensor, src: Tensor, inverse: Tensor) 
     One op, ``torch.ops.groupmm.expert_up`` (the up projection and SwiGLU in one native
     call where a fused kernel runs; it keeps the pre-activation ``[R, 2F]`` for the
     backward). :func:`expert_block` is the whole block in one op.
-    :func:`groupmm._glue.routes` gives ``src``/``inverse``. Index values are not checked
-    (that would need a host sync): out-of-range ids give wrong results or a device error.
+    :func:`groupmm._glue.routes` gives ``src``/``inverse``. An index out of range is
+    an error: at once on the CPU, at the device's next call on CUDA (no host sync).
     """
     # before the op: its fake (torch.compile) checks nothing, the indices are converted
     # to int32 before the native call, and only the backward reads inverse

@@ -1,7 +1,8 @@
 //! The CPU loops of the MoE glue's row ops (what each computes: [`crate::shape::RowsOp`];
 //! the CUDA kernels are `cuda/device/rows.cu`): one parallel pass over the output rows
 //! with rayon, arithmetic in f64 and one rounding per output element, a fixed summation
-//! order (deterministic), and an index outside `[0, R)` read and written nowhere.
+//! order (deterministic), and an index outside `[0, R)` read and written nowhere (the
+//! engine rejects one before the loops run: `shape::check_indices`).
 
 use crate::dtype::{DType, Element};
 use crate::shape::{RowsDims, RowsOp};

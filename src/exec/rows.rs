@@ -187,11 +187,7 @@ pub unsafe fn run<R: Runtime>(rt: &mut R, call: RowsCall<'_>) -> Result<R::Out> 
     Ok(o)
 }
 
-/// The rule for routing indices on the host: every index an op reads (`src` as a
-/// one-column `inverse`, or `inverse`) names a row in `[0, rows)`; the first one that
-/// does not is the error. (On CUDA the kernels skip such an index and raise the deferred
-/// flag instead, reported at the next call without a host sync:
-/// [`crate::shape::index_error_pending`].)
+/// `shape::check_indices` on the op's index, when it reads one (host memory only).
 ///
 /// # Safety
 /// `inverse` is 0 or the address of `tokens * top_k` live host int32 values.
@@ -202,14 +198,7 @@ unsafe fn check_indices(dims: &RowsDims, inverse: usize) -> Result<()> {
     }
     // SAFETY: forwarded contract.
     let idx = unsafe { std::slice::from_raw_parts(inverse as *const i32, n) };
-    match idx.iter().position(|&r| r < 0 || r as usize >= dims.rows) {
-        None => Ok(()),
-        Some(i) => Err(crate::error::Error::Value(format!(
-            "src/inverse: routing index {} at position {i} is out of range: expected a row \
-             in [0, {})",
-            idx[i], dims.rows
-        ))),
-    }
+    crate::shape::check_indices(idx, dims.rows)
 }
 
 /// Runs a validated row op on contiguous operands: the CPU loops or one CUDA launch.

@@ -34,8 +34,8 @@ pub use list::{plan_list, GroupDims};
 pub use offs::{check_offs, clamp_spans, index_error_pending, offs_error_pending, offs_len};
 pub use packed::{backward_layouts, plan_gather, plan_packed, transposed_grads, Form, PackedDims};
 pub use rows::{
-    plan_gather_sum, plan_row_dots, plan_scatter_rows, plan_swiglu, plan_swiglu_backward, RowsDims,
-    RowsOp,
+    check_indices, plan_gather_sum, plan_row_dots, plan_scatter_rows, plan_swiglu,
+    plan_swiglu_backward, RowsDims, RowsOp,
 };
 
 use crate::dtype::DType;

@@ -12,9 +12,10 @@
 //! | [`RowsOp::RowDots`] | `grad [T, D]`, `y [R, D]`, `inverse [T, k]` | `[T, k]`: `<grad[t], y[inverse[t, j]]>` |
 //!
 //! `inverse[t, j]` is the row of the expert-ordered operand that holds token `t`'s `j`-th
-//! choice; `weights` (absent: weight 1) has its shape. An index outside `[0, R)` adds
-//! nothing and writes nothing (RowDots: 0), so no index value is an error: the CPU loops
-//! (`crate::cpu`) and the CUDA kernels (`cuda/device/rows.cu`) are bounds-safe.
+//! choice; `weights` (absent: weight 1) has its shape. An index outside `[0, R)` is an
+//! error ([`check_indices`] on the host, before the CPU loops run; on CUDA the kernels of
+//! `cuda/device/rows.cu` skip it, reading and writing nothing for it, and raise the
+//! deferred flag that the device's next call reports: `super::index_error_pending`).
 
 use super::{fmt_shape, need_ndim};
 use crate::error::{shape_err, Result};
@@ -105,6 +106,20 @@ pub(super) fn gate_up_half(name: &str, shape: &[usize]) -> Result<usize> {
         _ => Err(shape_err(format!(
             "{name}: expected an even last dimension [gate | up], found {}",
             fmt_shape(shape)
+        ))),
+    }
+}
+
+/// The rule for routing index values on the host: every index (`inverse`, or `src` as a
+/// one-column `inverse`) names a row in `[0, rows)`; the first one that does not is the
+/// error, naming its value and position.
+pub fn check_indices(idx: &[i32], rows: usize) -> Result<()> {
+    match idx.iter().position(|&r| r < 0 || r as usize >= rows) {
+        None => Ok(()),
+        Some(i) => Err(crate::error::Error::Value(format!(
+            "src/inverse: routing index {} at position {i} is out of range: expected a row \
+             in [0, {rows})",
+            idx[i]
         ))),
     }
 }
