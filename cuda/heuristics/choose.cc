@@ -120,17 +120,17 @@ Kernels resolve(const Engines& en, DType in, DType out, Sm90Tile tile) {
 // - Decode sizes (a few rows per expert) are weight-read bound: every configuration within
 //   noise.
 constexpr EnvName<varlen::Config> kVarlenNames[] = {
-    {"pp128", {varlen::Mode::M, varlen::Schedule::PingPong, 128, false}},
-    {"pp192", {varlen::Mode::M, varlen::Schedule::PingPong, 192, false}},
-    {"co128", {varlen::Mode::M, varlen::Schedule::Cooperative, 128, false}},
-    {"co192", {varlen::Mode::M, varlen::Schedule::Cooperative, 192, false}}};
+    {"pp128", {varlen::Mode::M, varlen::Schedule::PingPong, 128}},
+    {"pp192", {varlen::Mode::M, varlen::Schedule::PingPong, 192}},
+    {"co128", {varlen::Mode::M, varlen::Schedule::Cooperative, 128}},
+    {"co192", {varlen::Mode::M, varlen::Schedule::Cooperative, 192}}};
 
 constexpr EnvName<bool> kOnOff[] = {{"0", false}, {"1", true}};
 
 varlen::Config auto_config(varlen::Mode mode, int64_t n) {
   const int64_t pad192 = (n + 191) / 192 * 192, pad128 = (n + 127) / 128 * 128;
   const int bn = mode == varlen::Mode::M && pad192 * 100 > pad128 * 105 ? 128 : 192;
-  return varlen::Config{mode, varlen::Schedule::PingPong, bn, false};
+  return varlen::Config{mode, varlen::Schedule::PingPong, bn};
 }
 
 // The varlen kernel for a call of `mode` with N = n: the forced configuration where this
@@ -141,7 +141,7 @@ const KernelEntry* varlen_kernel(DType dtype, varlen::Mode mode, int64_t n) {
       env_choice("GROUPMM_SM90_VARLEN_CONFIG", kVarlenNames);
   if (forced) {
     if (const KernelEntry* k =
-            find_varlen(dtype, varlen::Config{mode, forced->schedule, forced->bn, false}))
+            find_varlen(dtype, varlen::Config{mode, forced->schedule, forced->bn}))
       return k;
   }
   return find_varlen(dtype, auto_config(mode, n));
@@ -152,12 +152,33 @@ bool use_varlen() {
   return forced.value_or(true);
 }
 
+// The gathered varlen-K kernel: cooperative 128x192 (GROUPMM_SM90_VARLEN_CONFIG=pp128: the
+// ping-pong 128x128 one; ping-pong 128x192 would not fit its accumulators beside the
+// gathering producer's registers).
+varlen::Config gather_k_config(varlen::Gather g) {
+  static const std::optional<varlen::Config> forced =
+      env_choice("GROUPMM_SM90_VARLEN_CONFIG", kVarlenNames);
+  if (forced && forced->schedule == varlen::Schedule::PingPong && forced->bn == 128)
+    return varlen::Config{varlen::Mode::K, varlen::Schedule::PingPong, 128, g};
+  return varlen::Config{varlen::Mode::K, varlen::Schedule::Cooperative, 192, g};
+}
+
 }  // namespace
 
-// The cp.async producer of the gathering kernel keeps too few A bytes in flight: on an
-// H200 (bf16, uniform top-8 routing, run 10) the up projection of a Qwen3-like layer took
-// 0.454 ms gathering in the GEMM vs 0.427 ms gathering first (0.94x), DeepSeek-V3-local
-// 3.70 vs 3.25 ms (0.88x); with 128 x 128 tiles it was 0.58x. Off unless forced.
+// In-GEMM gathering (the cp.async producers, kernels/varlen/producer.cuh) is off unless
+// GROUPMM_SM90_GATHER=1: the caller gathers the rows first and the TMA kernels run. The
+// gathering kernels are exact (bitwise equal to the TMA kernels on pre-gathered rows) and
+// need no [R, cols] copy, but they are slower than gathering first:
+// - varlen-M, the forward (run 10, H200, bf16, uniform top-8): a Qwen3-like up projection
+//   0.454 ms gathering in the GEMM vs 0.427 ms gathering first (0.94x), DeepSeek-V3-local
+//   3.70 vs 3.25 ms (0.88x); with 128 x 128 tiles it was 0.58x.
+// - DGated (issue 22, H200, Qwen3-30B at 16k tokens, R = 131072): 1.087 ms vs 0.811 ms on
+//   pre-gathered dY (whose gather costs ~0.26 ms): a wash in time.
+// - varlen-K, the weight gradients (same shapes): x[src]^T dH [2048 x 1536] 2.71 ms
+//   (cooperative 128x192) vs 1.16 ms for the ping-pong TMA kernel on x[src] (whose gather
+//   costs ~0.28 ms); act^T dY[src] [768 x 2048] 1.21 vs 0.62 ms. Reading each stage's
+//   indices a stage early changed it by 7 % only: the producer's cp.async stages, not the
+//   index loads, bound it (not profiled further).
 bool gather_in_gemm() {
   static const bool on = env_choice("GROUPMM_SM90_GATHER", kOnOff).value_or(false);
   return on;
@@ -167,25 +188,28 @@ PackedChoice choose_packed(const PackedCall& c, const DevInfo& dev) {
   PackedChoice ch;
   const Engines en = engines(c.in, c.out, c.allow_tf32, dev);
   const bool sm90 = en.has_primary && en.primary == Engine::kSm90Tma;
+  const bool gather = c.gather != varlen::Gather::None;
   if (sm90 && c.varlen != nullptr && varlen::can_read(*c.varlen) && c.in == c.out) {
     if (c.epi != Epilogue::Plain) {
-      // The fused epilogues: ping-pong 128 x 128 (config.cuh); SwiGLU on gathered rows only
-      // when in-GEMM gathering is on (otherwise the caller gathers first).
-      if (!c.gather || gather_in_gemm()) {
+      // The fused epilogues: ping-pong 128 x 128 (config.cuh); on gathered rows only when
+      // in-GEMM gathering is on (otherwise the caller gathers first).
+      if (!gather || gather_in_gemm()) {
         ch.varlen = find_varlen(c.in, varlen::Config{varlen::Mode::M, varlen::Schedule::PingPong,
                                                      128, c.gather, c.epi});
       }
-    } else if (c.gather) {
+    } else if (gather && c.varlen->mode == varlen::Mode::K) {
+      if (gather_in_gemm()) ch.varlen = find_varlen(c.in, gather_k_config(c.gather));
+    } else if (c.gather == varlen::Gather::A) {  // varlen-M: A only
       if (gather_in_gemm()) {
-        ch.varlen = find_varlen(
-            c.in, varlen::Config{varlen::Mode::M, varlen::Schedule::Cooperative, 256, true});
+        ch.varlen = find_varlen(c.in, varlen::Config{varlen::Mode::M, varlen::Schedule::Cooperative,
+                                                     256, varlen::Gather::A});
       }
     } else if (use_varlen()) {
       ch.varlen = varlen_kernel(c.in, c.varlen->mode, c.varlen->n);
     }
     if (ch.varlen != nullptr) return ch;
   }
-  if (c.gather || c.epi != Epilogue::Plain) {  // only the varlen kernels gather or fuse
+  if (gather || c.epi != Epilogue::Plain) {  // only the varlen kernels gather or fuse
     ch.unsupported = true;
     return ch;
   }

@@ -32,8 +32,9 @@ struct PackedCall {
   DType in = DType::BF16, out = DType::BF16;
   bool allow_tf32 = false;
   int64_t groups = 0, m = 0, n = 0, k = 0;
-  // The request's fusion asks for A's rows through a routed-row index (GroupedM).
-  bool gather = false;
+  // The request's fusion asks for one operand's rows through a routed-row index (GroupedM:
+  // A; GroupedK: A = x^T or B = dY).
+  varlen::Gather gather = varlen::Gather::None;
   // The request's fusion asks for a fused epilogue (GroupedM; kernels/varlen/args.h).
   Epilogue epi = Epilogue::Plain;
   // The call as the varlen kernels would read it, or null when its layouts are not theirs
@@ -66,8 +67,9 @@ Kernels choose_list(const ListCall& c, const DevInfo& dev);
 // (the list form routes each group by it before the choice).
 bool has_aligned_engine(DType in, DType out);
 
-// True when in-GEMM gathering is on (GROUPMM_SM90_GATHER=1): lets submit_packed answer
-// "unsupported" before any device work on the default path.
+// True when in-GEMM gathering is on (GROUPMM_SM90_GATHER=1; choose.cc says why it is off
+// by default): lets submit_packed answer "unsupported" before any device work on the
+// default path.
 bool gather_in_gemm();
 
 }  // namespace gmm

@@ -47,7 +47,12 @@ bool varlen_args(const PackedRequest& r, const PackedDesc& d, const PackedPlan& 
   x.a = reinterpret_cast<const void*>(d.a.ptr);
   x.lda = d.a.ld;
   x.gather = reinterpret_cast<const int*>(r.fusion.src);
-  x.a_rows = r.a.rows;
+  if (r.fusion.src != 0) {
+    // The gathered operand's source rows: a's rows (GroupedM: x [rows, K]), the columns of
+    // a = x^T (GroupedK, A gathered) or b's rows (GroupedK, B = dY gathered).
+    x.gather_op = r.fusion.src_b ? varlen::Gather::B : varlen::Gather::A;
+    x.src_rows = r.fusion.src_b ? r.b.rows : x.mode == varlen::Mode::M ? r.a.rows : r.a.cols;
+  }
   x.epi = r.fusion.epilogue;
   x.act = reinterpret_cast<void*>(r.fusion.act);
   x.pre = reinterpret_cast<const void*>(r.fusion.pre);
@@ -109,7 +114,9 @@ PackedPlan plan_packed(const PackedRequest& r, const DevInfo& dev) {
   call.m = m;
   call.n = n;
   call.k = k;
-  call.gather = r.fusion.src != 0;
+  call.gather = r.fusion.src == 0 ? varlen::Gather::None
+                : r.fusion.src_b  ? varlen::Gather::B
+                                  : varlen::Gather::A;
   call.epi = r.fusion.epilogue;
   if (varlen_args(r, d, pl, pl.va)) call.varlen = &pl.va;
   const PackedChoice choice = choose_packed(call, dev);
@@ -208,8 +215,12 @@ OpDesc op_desc(const Operand& o) {
 PackedSubmit submit_packed(const PackedRequest& r, uint64_t workspace, size_t workspace_bytes) {
   PackedSubmit out{};
   try {
-    if (r.fusion.src != 0 && (r.form != Form::GroupedM || r.a.rows < 0)) {
-      throw std::runtime_error("internal: gathered A rows (fusion.src) need the GroupedM form");
+    if (r.fusion.src != 0 && r.form != Form::GroupedM && r.form != Form::GroupedK) {
+      throw std::runtime_error(
+          "internal: gathered rows (fusion.src) need a GroupedM or GroupedK form");
+    }
+    if (r.fusion.src_b && (r.form != Form::GroupedK || r.fusion.src == 0)) {
+      throw std::runtime_error("internal: gathered B rows (fusion.src_b) need the GroupedK form");
     }
     if (r.fusion.epilogue != Epilogue::Plain &&
         (r.form != Form::GroupedM || r.fusion.act == 0 ||

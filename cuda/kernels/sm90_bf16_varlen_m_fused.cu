@@ -1,7 +1,7 @@
 // groupmm's varlen-M kernels with fused epilogues (kernels/varlen/args.h), bf16, for weights
 // of either major, ping-pong 128x128: SwiGLU (the routed expert block's up projection, on
 // packed rows or rows gathered through an index) and DGated (its down projection's
-// backward). sm_90a only (build/).
+// backward, on packed rows of dY or rows gathered through the index). sm_90a only (build/).
 #include "kernels/varlen/entries.cuh"
 
 namespace gmm {
@@ -9,7 +9,8 @@ using namespace varlen;
 using T = cutlass::bfloat16_t;
 GMM_KERNEL_LIST(
     sm90_bf16_varlen_m_fused,
-    (entry<T, DType::BF16, Mode::M, 128, Schedule::PingPong, false, Epilogue::SwiGLU>()),
-    (entry<T, DType::BF16, Mode::M, 128, Schedule::PingPong, true, Epilogue::SwiGLU>()),
-    (entry<T, DType::BF16, Mode::M, 128, Schedule::PingPong, false, Epilogue::DGated>()))
+    (entry<T, DType::BF16, Mode::M, 128, Schedule::PingPong, Gather::None, Epilogue::SwiGLU>()),
+    (entry<T, DType::BF16, Mode::M, 128, Schedule::PingPong, Gather::A, Epilogue::SwiGLU>()),
+    (entry<T, DType::BF16, Mode::M, 128, Schedule::PingPong, Gather::None, Epilogue::DGated>()),
+    (entry<T, DType::BF16, Mode::M, 128, Schedule::PingPong, Gather::A, Epilogue::DGated>()))
 }  // namespace gmm

@@ -8,5 +8,5 @@ namespace gmm {
 using namespace varlen;
 GMM_KERNEL_LIST(
     sm90_bf16_varlen_m_gather,
-    (entry<cutlass::bfloat16_t, DType::BF16, Mode::M, 256, Schedule::Cooperative, true>()))
+    (entry<cutlass::bfloat16_t, DType::BF16, Mode::M, 256, Schedule::Cooperative, Gather::A>()))
 }  // namespace gmm

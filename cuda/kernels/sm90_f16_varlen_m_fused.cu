@@ -1,14 +1,16 @@
 // groupmm's varlen-M kernels with fused epilogues (kernels/varlen/args.h), f16, for weights
 // of either major, ping-pong 128x128: SwiGLU (the routed expert block's up projection, on
 // packed rows or rows gathered through an index) and DGated (its down projection's
-// backward). sm_90a only (build/).
+// backward, on packed rows of dY or rows gathered through the index). sm_90a only (build/).
 #include "kernels/varlen/entries.cuh"
 
 namespace gmm {
 using namespace varlen;
 using T = cutlass::half_t;
-GMM_KERNEL_LIST(sm90_f16_varlen_m_fused,
-                (entry<T, DType::F16, Mode::M, 128, Schedule::PingPong, false, Epilogue::SwiGLU>()),
-                (entry<T, DType::F16, Mode::M, 128, Schedule::PingPong, true, Epilogue::SwiGLU>()),
-                (entry<T, DType::F16, Mode::M, 128, Schedule::PingPong, false, Epilogue::DGated>()))
+GMM_KERNEL_LIST(
+    sm90_f16_varlen_m_fused,
+    (entry<T, DType::F16, Mode::M, 128, Schedule::PingPong, Gather::None, Epilogue::SwiGLU>()),
+    (entry<T, DType::F16, Mode::M, 128, Schedule::PingPong, Gather::A, Epilogue::SwiGLU>()),
+    (entry<T, DType::F16, Mode::M, 128, Schedule::PingPong, Gather::None, Epilogue::DGated>()),
+    (entry<T, DType::F16, Mode::M, 128, Schedule::PingPong, Gather::A, Epilogue::DGated>()))
 }  // namespace gmm

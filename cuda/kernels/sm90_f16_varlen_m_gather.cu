@@ -6,6 +6,7 @@
 
 namespace gmm {
 using namespace varlen;
-GMM_KERNEL_LIST(sm90_f16_varlen_m_gather,
-                (entry<cutlass::half_t, DType::F16, Mode::M, 256, Schedule::Cooperative, true>()))
+GMM_KERNEL_LIST(
+    sm90_f16_varlen_m_gather,
+    (entry<cutlass::half_t, DType::F16, Mode::M, 256, Schedule::Cooperative, Gather::A>()))
 }  // namespace gmm

@@ -5,6 +5,8 @@
 //             (or with A's rows gathered: A[r] = a[src[r]], the MoE forward on x in
 //             token order)
 //   varlen-K (GroupedK: dW)           D[g](M, N) = A(M, span_g) x B(span_g, N)
+//             (or with one operand's token rows gathered: the weight gradients of the MoE
+//             block on x or dY in token order, A = x[src]^T or B = dY[src])
 //
 // The folder, by role: config.cuh (a kernel's compile-time configuration and shared
 // memory), scheduler.cuh (tiles from offs), producer.cuh (the loads), mainloop.cuh (the
@@ -30,12 +32,16 @@ enum class Mode : uint8_t { M = 0, K = 1 };
 //   its epilogue, handed over as soon as the last wgmma of a tile is issued.
 enum class Schedule : uint8_t { Cooperative = 0, PingPong = 1 };
 
+// Which operand's token rows the producer warpgroup reads through Args::gather (cp.async:
+// sm_90's TMA cannot gather rows). varlen-M: A only; varlen-K: A (x^T) or B (dY).
+enum class Gather : uint8_t { None = 0, A = 1, B = 2 };
+
 // One compiled kernel configuration, the key of its registry entry.
 struct Config {
   Mode mode = Mode::M;
   Schedule schedule = Schedule::Cooperative;
-  int bn = 128;         // tile width (the tile is 128 rows)
-  bool gather = false;  // varlen-M: A's rows read through Args::gather
+  int bn = 128;                  // tile width (the tile is 128 rows)
+  Gather gather = Gather::None;  // the operand whose rows are read through Args::gather
   // varlen-M: what the epilogue does beyond storing the product (Args::epi).
   Epilogue epi = Epilogue::Plain;
   constexpr bool operator==(const Config& o) const {
@@ -51,11 +57,14 @@ struct Args {
   //    A = x^T (M-major); lda = row stride of x.
   const void* a = nullptr;
   int64_t lda = 0;
-  // Gathered A (Config::gather): row r of the product's A is row gather[r] of a, which has
-  // a_rows rows (device int32[m], never read on the host; rows whose index is outside
-  // [0, a_rows) read as zeros). Null for the plain kernels.
+  // Gathered rows (Config::gather, set by gather_op): routed row r (varlen-M: row r of A;
+  // varlen-K: token r of A = x^T (Gather::A) or of B = dY (Gather::B)) is row gather[r] of
+  // the operand's tensor (a or b), which has src_rows rows (device int32 [m] varlen-M, [k]
+  // varlen-K, never read on the host; an index outside [0, src_rows) reads zeros and sets
+  // the deferred error flag). Null for the plain kernels.
   const int* gather = nullptr;
-  int64_t a_rows = 0;
+  Gather gather_op = Gather::None;
+  int64_t src_rows = 0;
   // B: varlen-M [G, K, N], element (k, n) of group g at b + g*ldb_batch + k*ldb + n, or at
   //    b + g*ldb_batch + n*ldb + k when b_k_major (a transposed view: the dX product).
   //    varlen-K: dY [T, N] row-major (ldb = row stride).

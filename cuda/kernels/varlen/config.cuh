@@ -1,5 +1,5 @@
 // A varlen kernel's compile-time configuration: element type, form, B's major, tile width,
-// consumer schedule, gathered A; the shared-memory layout that follows from it; and the
+// consumer schedule, gathered rows; the shared-memory layout that follows from it; and the
 // kernel's parameters. Device code (nvcc only).
 #pragma once
 #include "kernels/varlen/args.h"
@@ -21,7 +21,7 @@ namespace gmm::varlen {
 using namespace cute;
 
 template <class T_, Mode kMode_, bool kBKMajor_, int BN_,
-          Schedule kSchedule_ = Schedule::Cooperative, bool kGather_ = false,
+          Schedule kSchedule_ = Schedule::Cooperative, Gather kGather_ = Gather::None,
           Epilogue kEpi_ = Epilogue::Plain>
 struct Cfg {
   using T = T_;
@@ -29,10 +29,11 @@ struct Cfg {
   static constexpr bool kBKMajor = kBKMajor_;  // varlen-M only; varlen-K's B is N-major
   static constexpr Schedule kSchedule = kSchedule_;
   static constexpr bool kPingPong = kSchedule == Schedule::PingPong;
-  // varlen-M only: A row r is row gather[r] of the activations, loaded by the producer
-  // warpgroup with cp.async (TMA cannot gather rows on sm_90).
-  static constexpr bool kGather = kGather_;
-  static_assert(!kGather || kMode == Mode::M, "gathered A: varlen-M only");
+  // The operand whose token rows are read through gather[] (args.h), loaded by the producer
+  // warpgroup with cp.async (TMA cannot gather rows on sm_90); the other one by TMA.
+  static constexpr Gather kGatherOp = kGather_;
+  static constexpr bool kGather = kGatherOp != Gather::None;
+  static_assert(kGatherOp != Gather::B || kMode == Mode::K, "gathered B: varlen-K only");
   static constexpr int BM = 128, BN = BN_, BK = 64;
   // The fused epilogues (args.h): a ping-pong warpgroup's 128 x 128 tile is 64 gate and 64
   // up columns (SwiGLU, B read as two 64-column halves) or 128 columns of p (DGated).
@@ -40,7 +41,7 @@ struct Cfg {
   static_assert(kEpi == Epilogue::Plain ||
                     (kMode == Mode::M && kSchedule == Schedule::PingPong && BN == 128),
                 "fused epilogues: varlen-M, ping-pong 128 x 128");
-  static constexpr Config kConfig{kMode, kSchedule, BN, kGather, kEpi};
+  static constexpr Config kConfig{kMode, kSchedule, BN, kGatherOp, kEpi};
   static constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
   static constexpr bool kAKMajor = kMode == Mode::M;
   static constexpr GMMA::Major kMajA = kAKMajor ? GMMA::Major::K : GMMA::Major::MN;
@@ -63,7 +64,11 @@ struct Cfg {
   // BM rows); ping-pong, per warpgroup two BM x 64 chunk buffers used in turn.
   static constexpr int kDElems = kPingPong ? 2 * 2 * BM * 64 : BM * BN;
   static constexpr int kStageBytes = (BM + BN) * BK * int(sizeof(T));
-  static constexpr int kTmaBytes = (kGather ? BN : BM + BN) * BK * int(sizeof(T));  // per stage
+  // per stage, what the TMA unit loads (a gathered operand arrives by cp.async)
+  static constexpr int kTmaBytes = (kGatherOp == Gather::A   ? BN
+                                    : kGatherOp == Gather::B ? BM
+                                                             : BM + BN) *
+                                   BK * int(sizeof(T));
   static constexpr int kSmemLimit = 232448;  // sm_90 opt-in maximum per block
   static constexpr int kFit = (kSmemLimit - kDElems * int(sizeof(T)) - 1024) / kStageBytes;
   static constexpr int kStages = kFit > 8 ? 8 : kFit;
@@ -114,12 +119,13 @@ struct Params {
   const float* scale;
   float* partial;
   int f;  // F
-  // Gathered A (Cfg::kGather): the activations [a_rows, K] with row stride lda, and the
-  // int32 row of each of the m packed rows.
-  const void* a;
+  // Gathered rows (Cfg::kGather): the gathered operand's tensor [src_rows, cols] with row
+  // stride src_ld (varlen-M: the activations, cols = K; varlen-K: x (cols = M) or dY (cols
+  // = N)), and the int32 source row of each routed row (m of them varlen-M, k varlen-K).
+  const void* src;
   const int* gather;
-  int64_t lda;
-  int a_rows;
+  int64_t src_ld;
+  int src_rows;
 };
 
 __host__ __device__ constexpr int big() { return 1 << 30; }  // the ragged maps' bound

@@ -7,19 +7,19 @@
 
 namespace gmm::varlen {
 
-// Runs one call with configuration (kMode, BN, S, kGather, E) for element type T; varlen-M
-// picks the instantiation of the weights' major.
-template <class T, Mode kMode, int BN, Schedule S, bool kGather, Epilogue E>
+// Runs one call with configuration (kMode, BN, S, G, E) for element type T; varlen-M picks
+// the instantiation of the weights' major.
+template <class T, Mode kMode, int BN, Schedule S, Gather G, Epilogue E>
 std::string run_config(const Args& x) {
   if constexpr (kMode == Mode::M) {
-    return x.b_k_major ? run<Cfg<T, Mode::M, true, BN, S, kGather, E>>(x)
-                       : run<Cfg<T, Mode::M, false, BN, S, kGather, E>>(x);
+    return x.b_k_major ? run<Cfg<T, Mode::M, true, BN, S, G, E>>(x)
+                       : run<Cfg<T, Mode::M, false, BN, S, G, E>>(x);
   } else {
-    return run<Cfg<T, Mode::K, false, BN, S>>(x);
+    return run<Cfg<T, Mode::K, false, BN, S, G>>(x);
   }
 }
 
-template <class T, DType DT, Mode kMode, int BN, Schedule S, bool kGather = false,
+template <class T, DType DT, Mode kMode, int BN, Schedule S, Gather G = Gather::None,
           Epilogue E = Epilogue::Plain>
 constexpr KernelEntry entry() {
   return KernelEntry{Engine::kSm90Varlen,
@@ -28,8 +28,8 @@ constexpr KernelEntry entry() {
                      Sm90Tile::kNone,
                      nullptr,
                      nullptr,
-                     Config{kMode, S, BN, kGather, E},
-                     &run_config<T, kMode, BN, S, kGather, E>};
+                     Config{kMode, S, BN, G, E},
+                     &run_config<T, kMode, BN, S, G, E>};
 }
 
 }  // namespace gmm::varlen

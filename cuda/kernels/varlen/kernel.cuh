@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(C::kThreads, 1) varlen_kernel(const __grid_con
   pp.role = wg == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
   pp.is_leader = threadIdx.x == 0;
   pp.num_consumers = C::kConsumerThreads;  // the threads that read one stage
-  // Gathered A: the 128 producer threads' cp.async arrivals complete a stage too.
+  // Gathered rows: the 128 producer threads' cp.async arrivals complete a stage too.
   pp.num_producers = C::kGather ? 1 + 128 : 1;
   pp.initializing_warp = 0;
   Pipeline pipeline(smem.pipe, pp, Shape<_1, _1, _1>{});
@@ -129,12 +129,14 @@ __global__ void __launch_bounds__(C::kThreads, 1) varlen_kernel(const __grid_con
   Scheduler<C::kMode, C::BM, C::BN> sched(p);
   if (wg == 0) {
     // Register budgets per thread, producer / consumers: 40 / 232, or 64 / 216 with the
-    // gathered A's row addresses (within the launch's 168 x 384 either way).
+    // gathered rows' addresses (within the launch's 168 x 384 either way).
     cutlass::arch::warpgroup_reg_dealloc<C::kGather ? 64 : 40>();
     if (warp == 1 && blockIdx.x == 0)
       check_offs(p.offs, p.groups, C::kMode == Mode::M ? p.m : p.k, p.err_flag);
-    if constexpr (C::kGather) {
+    if constexpr (C::kGather && C::kMode == Mode::M) {
       produce_gathered<C>(p, pipeline, sched, smem, threadIdx.x);
+    } else if constexpr (C::kGather) {
+      produce_gathered_k<C>(p, pipeline, sched, smem, threadIdx.x);
     } else if (warp == 0) {
       produce_tma<C>(p, pipeline, sched, smem, lane);
     }

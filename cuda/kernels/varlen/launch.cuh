@@ -58,10 +58,10 @@ std::string run(const Args& x) {
   p.err_flag = x.err_flag;
   auto d1 = [](int64_t v) { return uint64_t(v > 0 ? v : 1); };  // extents never read stay legal
   std::string err;
-  p.a = x.a;
+  p.src = C::kGatherOp == Gather::B ? x.b : x.a;
+  p.src_ld = C::kGatherOp == Gather::B ? x.ldb : x.lda;
   p.gather = x.gather;
-  p.lda = x.lda;
-  p.a_rows = int(x.a_rows);
+  p.src_rows = int(x.src_rows);
   if constexpr (C::kMode == Mode::M) {
     if constexpr (!C::kGather) {
       const uint64_t da[2] = {d1(x.k), d1(x.m)}, sa[1] = {uint64_t(x.lda) * es};
@@ -120,8 +120,10 @@ std::string run(const Args& x) {
       }
     }
   } else {
-    err = encode_ragged(&p.tma_a, dt, x.a, x.m, x.lda, 64, C::BK, "A = x^T (ragged)");
-    if (err.empty())
+    // A gathered operand is read by the producer warpgroup (no map).
+    if (C::kGatherOp != Gather::A)
+      err = encode_ragged(&p.tma_a, dt, x.a, x.m, x.lda, 64, C::BK, "A = x^T (ragged)");
+    if (err.empty() && C::kGatherOp != Gather::B)
       err = encode_ragged(&p.tma_b, dt, x.b, x.n, x.ldb, 64, C::BK, "B = dY (ragged)");
     if (err.empty()) {
       const uint64_t dd[3] = {d1(x.n), d1(x.m), d1(x.groups)};
