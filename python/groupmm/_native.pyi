@@ -173,10 +173,10 @@ def swiglu_mm(
     RuntimeError for dtypes and devices unlike ``x``'s."""
 
 def dgated_mm(
-    dy: _Rows, w: _Rows, offs: _Rows, pre: _Rows, scale: _Rows
+    dy: _Rows, w: _Rows, offs: _Rows, pre: _Rows, scale: _Rows, src: Optional[_Rows] = None
 ) -> Optional[Tuple[_Rows, _Rows, _Rows]]:
     """The backward of a routed SwiGLU expert's down projection through its router weight:
-    with ``p = dy @ w[g].T`` (float32 ``[R, F]``, never stored), ``gate, up = pre[:, :F],
+    with ``p = dy[src] @ w[g].T`` (float32 ``[R, F]``, never stored), ``gate, up = pre[:, :F],
     pre[:, F:]``, ``s = scale[:, None]``, ``σ = sigmoid(gate)``: ``(dpre, act, partial)``,
     ``dpre = [s·p·up·σ·(1 + gate·(1 − σ)) | s·p·gate·σ]`` (``[R, 2F]``), ``act =
     s·silu(gate)·up`` (``[R, F]``), both ``dy``'s dtype, and float32 ``partial``
@@ -184,9 +184,14 @@ def dgated_mm(
     are the router weights' gradient (no atomics); contiguous; rows past ``offs[-1]`` are
     zeros in every output.
 
-    ``dy [R, D]``; ``w [E, F, D]`` the down projection's weight, any strides; ``offs``
-    int32 ``[E]``; ``pre [R, 2F]`` of ``dy``'s dtype (the saved pre-activation, copied
-    contiguous if it is not); ``scale`` float32 ``[R]`` (each row's router weight).
+    ``dy [R, D]``, or with ``src`` (any integer ``[R]``, the token of each routed row)
+    ``dy [T, D]`` in token order, row ``r`` of the product reading ``dy[src[r]]``
+    (out-of-range values read zero rows and are reported at the next call; on the CPU the
+    answer is None before any index is read); ``w [E, F, D]`` the down projection's
+    weight, any strides; ``offs`` int32 ``[E]``; ``pre [R, 2F]`` of ``dy``'s dtype (the
+    saved pre-activation, copied contiguous if it is not); ``scale`` float32 ``[R]`` (each
+    row's router weight). With ``src`` the rows are read through it inside the GEMM where
+    a kernel does, else gathered first as :func:`gather_mm` does.
     ValueError for shapes that do not fit, TypeError for a ``scale`` that is not float32
     or dtypes unlike ``dy``'s, RuntimeError for devices unlike ``dy``'s."""
 

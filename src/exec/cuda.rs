@@ -226,9 +226,12 @@ fn stream_and_tf32<R: Runtime>(rt: &mut R, device: i32, dtype: DType) -> Result<
 /// [`ffi::Fusion`] (whose doc is the contract of each field). `Default`: a plain product.
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct Fusion<'a> {
-    /// GroupedM only: the contiguous int32 routed-row index `[m]`; A's row `r` is row
-    /// `src[r]` of `a`.
+    /// The contiguous int32 routed-row index: GroupedM `[m]`, A's row `r` is row
+    /// `src[r]` of `a`; GroupedK `[k]`, routed row `r` of A (of B with `src_b`) is row
+    /// `src[r]` of the row-major tensor that `a` (transposed) or `b` describes.
     pub src: Option<&'a IntTensor>,
+    /// GroupedK only: `src` indexes the rows of `b` instead of those of `a`.
+    pub src_b: bool,
     /// What the epilogue writes, with its contiguous operands.
     pub epilogue: Epilogue<'a>,
 }
@@ -281,6 +284,7 @@ impl Fusion<'_> {
         };
         ffi::Fusion {
             src: self.src.map_or(0, |o| o.ptr as u64),
+            src_b: self.src_b,
             epilogue,
             act,
             pre,
@@ -601,6 +605,7 @@ mod tests {
         let r = packed_request(&plan, &xt, &dy, Some(&offs), &plain, &c, (77, false)).unwrap();
         assert_eq!(r.form, ffi::Form::GroupedK);
         assert_eq!(r.fusion.src, 0, "no gathered rows unless asked for");
+        assert!(!r.fusion.src_b);
         assert_eq!(r.fusion.epilogue, ffi::Epilogue::Plain);
         let f = r.fusion;
         assert_eq!((f.act, f.pre, f.scale, f.partial), (0, 0, 0, 0));
@@ -670,6 +675,7 @@ mod tests {
         });
         let fusion = Fusion {
             src: Some(&index),
+            src_b: false,
             epilogue: Epilogue::SwiGLU { act: &act },
         };
         let r =
@@ -711,8 +717,15 @@ mod tests {
         };
         let pre = tensor(1 << 20, &[rows, 2 * f], DType::BF16);
         let scale = tensor(1 << 21, &[rows], DType::F32);
-        let d = crate::shape::plan_dgated_mm(&dy.layout, &w.layout, &pre.layout, &scale.layout, g)
-            .unwrap();
+        let d = crate::shape::plan_dgated_mm(
+            &dy.layout,
+            &w.layout,
+            &pre.layout,
+            &scale.layout,
+            None,
+            g,
+        )
+        .unwrap();
         let shapes = d.out_shapes();
         assert_eq!(shapes[2], [2, rows], "ceil(72 / 64) chunks");
         let dpre = tensor(1 << 22, &shapes[0], DType::BF16);
@@ -720,6 +733,7 @@ mod tests {
         let partial = tensor(1 << 24, &shapes[2], DType::F32);
         let fusion = Fusion {
             src: None,
+            src_b: false,
             epilogue: Epilogue::DGated {
                 act: &act,
                 pre: &pre,

@@ -212,8 +212,10 @@ fn swiglu_mm<'py>(
 
 /// The fused backward of a routed SwiGLU expert's down projection
 /// (`exec::fused::dgated_mm`): `(dpre, act, partial)`, or `None` where no fused kernel
-/// runs (CPU, or `Unsupported`).
+/// runs (CPU, or `Unsupported`). With `src`, `dy` is in token order and row `r` of the
+/// product reads `dy[src[r]]`.
 #[pyfunction]
+#[pyo3(signature = (dy, w, offs, pre, scale, src=None))]
 fn dgated_mm<'py>(
     py: Python<'py>,
     dy: &Bound<'py, PyAny>,
@@ -221,6 +223,7 @@ fn dgated_mm<'py>(
     offs: &Bound<'py, PyAny>,
     pre: &Bound<'py, PyAny>,
     scale: &Bound<'py, PyAny>,
+    src: Option<&Bound<'py, PyAny>>,
 ) -> Fused<(Obj<'py>, Obj<'py>, Obj<'py>)> {
     guard(|| {
         let mut rt = PyRuntime::new(py);
@@ -229,9 +232,11 @@ fn dgated_mm<'py>(
         let offs = required_offs(&mut rt, offs)?;
         let pre = rt.input(&"pre", pre)?;
         let scale = rt.input(&"scale", scale)?;
+        let src = not_none(src).map(|s| rt.index("src", s)).transpose()?;
         // SAFETY: as in swiglu_mm.
-        let r = unsafe { exec::fused::dgated_mm(&mut rt, &dy, &w, &offs, &pre, &scale) }
-            .map_err(|e| rt.raise(e))?;
+        let r =
+            unsafe { exec::fused::dgated_mm(&mut rt, &dy, &w, &offs, &pre, &scale, src.as_ref()) }
+                .map_err(|e| rt.raise(e))?;
         Ok(r.map(|[dpre, act, partial]| (dpre, act, partial)))
     })
 }
