@@ -16,6 +16,7 @@ __all__ = [
     "__version__",
     "build_info",
     "dgated_mm",
+    "gather_k_mm",
     "gather_mm",
     "gather_sum",
     "grouped_mm",
@@ -148,6 +149,33 @@ def gather_mm(
     """``out[r] = x[src[r]] @ w[g]`` for the rows ``r`` of group ``g`` (``src``: the token
     of each routed row, any integer dtype; int32 ``offs``); rows whose ``src`` is out of
     range are zero rows of the product's A."""
+
+def gather_k_mm(
+    a: _Rows,
+    b: _Rows,
+    offs: _Rows,
+    src: _Rows,
+    gathered_b: bool = False,
+    transposed: bool = False,
+) -> _Rows:
+    """The weight gradient of a routed expert layer on rows kept in token order, with no
+    copy of the gathered rows: ``out[g] = Σ a_rᵀ @ b_r`` over the routed rows ``r`` of group
+    ``g`` (``[G, K, N]``, ``a``'s dtype, zeros for empty groups), where routed row ``r``
+    reads ``a_r = a[src[r]]`` and ``b_r = b[r]``, or with ``gathered_b``, ``a_r = a[r]`` and
+    ``b_r = b[src[r]]``.
+
+    ``a [Ta, K]`` and ``b [Tb, N]`` 2-D, of one dtype and device: the operand read in order
+    has exactly ``R = len(src)`` rows, the gathered one any number; ``src`` any integer
+    ``[R]`` (the source row of each routed row); ``offs`` int32 ``[G]``, the cumulative
+    group ends over the ``R`` routed rows (rows past ``offs[-1]`` belong to no group). An
+    index out of range is an error: at once on the CPU, at the next call on CUDA.
+    ``transposed``: the same values computed as ``(Σ b_rᵀ @ a_r)ᵀ``, returned as the
+    transposed view of a fresh contiguous ``[G, N, K]`` (the gradient of a column-major
+    ``[G, K, N]`` weight, an ``[E, N, K]`` parameter's view, in its own layout). On Hopper
+    the rows are read through ``src`` inside the GEMM where a kernel does, else gathered
+    first; on the CPU always gathered first.
+    ValueError for shapes that do not fit, TypeError and RuntimeError for dtypes and
+    devices unlike ``a``'s."""
 
 # The fused expert products (src/exec/fused.rs): one GroupedM product whose epilogue does
 # the glue; a fresh result, or None (after every argument check, on every device) where no

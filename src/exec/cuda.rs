@@ -185,6 +185,16 @@ pub(super) fn readable<R: Runtime>(rt: &mut R, t: &Tensor) -> Result<Tensor> {
     })
 }
 
+/// `t` when the kernels read it row-major in place, else a contiguous copy of it (made by
+/// the face): the operand that a gathered GroupedK product reads through `src` (and
+/// its `a`, transposed) is a row-major tensor (the bridge's `Fusion`).
+pub(super) fn row_major<R: Runtime>(rt: &mut R, t: &Tensor) -> Result<Tensor> {
+    match operand(t) {
+        Some(o) if !o.col_major => Ok(t.clone()),
+        _ => super::contiguous(rt, t),
+    }
+}
+
 /// `offs` (int32), or a contiguous copy when its stride is not 1.
 pub(super) fn readable_offs<R: Runtime>(rt: &mut R, o: &IntTensor) -> Result<IntTensor> {
     if o.layout.shape.first().map_or(true, |&n| n <= 1) || o.layout.strides[0] == 1 {
@@ -646,6 +656,55 @@ mod tests {
             (24, 8, 16, 10, 4096)
         );
         assert_eq!(r.fusion.epilogue, ffi::Epilogue::Plain);
+    }
+
+    /// `gather_k_mm`'s request: a GroupedK product over the `R` routed rows whose `a` is
+    /// the transposed view of the row-major source rows (`cols`: the source rows, not
+    /// `k`), `src` and, gathered B, `src_b`, with `b` the row-major source rows of B.
+    #[test]
+    fn gathered_k_request_reads_the_source_rows() {
+        let (rows_x, rows, k, n, g) = (10usize, 24usize, 16usize, 8usize, 3usize);
+        let row_major = |r: usize, c: usize| t(&[r, c], &[c as isize, 1]);
+        let at = |ptr, len| IntTensor {
+            ptr,
+            layout: Layout::new(&[len], &[1]),
+            device: Device::Cuda(0),
+            id: 1,
+            int32: true,
+        };
+        let (offs, index) = (at(8192, g), at(4096, rows));
+        for src_b in [false, true] {
+            let (a, b) = match src_b {
+                false => (row_major(rows_x, k), row_major(rows, n)),
+                true => (row_major(rows, k), row_major(rows_x, n)),
+            };
+            let plan =
+                crate::shape::plan_gather_k(&a.layout, &b.layout, &index.layout, g, src_b, false)
+                    .unwrap();
+            let c = t(&plan.out_shape, &[(k * n) as isize, n as isize, 1]);
+            let gather = Fusion {
+                src: Some(&index),
+                src_b,
+                ..Fusion::default()
+            };
+            let at = crate::layout::Transposable::transposed(&a);
+            let r = packed_request(&plan, &at, &b, Some(&offs), &gather, &c, (77, false)).unwrap();
+            assert_eq!(r.form, ffi::Form::GroupedK);
+            assert_eq!((r.groups, r.m, r.n, r.k), (3, 16, 8, 24));
+            assert_eq!((r.fusion.src, r.fusion.src_b), (4096, src_b));
+            assert_eq!(r.fusion.epilogue, ffi::Epilogue::Plain);
+            let a_rows = if src_b { rows } else { rows_x };
+            assert_eq!(
+                (r.a.rows, r.a.cols, r.a.ld, r.a.col_major),
+                (16, a_rows as i64, 16, true)
+            );
+            let b_rows = if src_b { rows_x } else { rows };
+            assert_eq!(
+                (r.b.rows, r.b.cols, r.b.ld, r.b.col_major),
+                (b_rows as i64, 8, 8, false)
+            );
+            assert_eq!((r.c.batch, r.c.rows, r.c.cols), (3, 16, 8));
+        }
     }
 
     /// `swiglu_mm`'s request: the gathered product into `pre` `[R, 2F]` with the SwiGLU
