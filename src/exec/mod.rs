@@ -3,8 +3,8 @@
 //! request → validate (the rules of [`crate::shape`]) → plan → dispatch (the CPU kernels
 //! of [`crate::cpu`], or the CUDA launchers of `cuda/` through [`cuda`]) → backward
 //! composition (`dA = dC·Bᵀ`, `dB = Aᵀ·dC` on transposed descriptions, no copies), for
-//! the packed and the list forms, written once; the gathered product of the MoE forward
-//! ([`packed_gather`]), the fused expert products ([`fused`]: a GroupedM product with a
+//! the packed and the list forms, written once; the gathered products of the MoE layer
+//! ([`packed_gather`], and [`packed_gather_k`] for its weight gradients), the fused expert products ([`fused`]: a GroupedM product with a
 //! SwiGLU or dGated epilogue) and the row ops of the MoE glue ([`rows`]) go the same way.
 //! See ARCHITECTURE.md.
 //!
