@@ -16,6 +16,7 @@ __all__ = [
     "__version__",
     "build_info",
     "dgated_mm",
+    "gather_k_mm",
     "gather_mm",
     "gather_sum",
     "grouped_mm",
@@ -149,6 +150,33 @@ def gather_mm(
     of each routed row, any integer dtype; int32 ``offs``); rows whose ``src`` is out of
     range are zero rows of the product's A."""
 
+def gather_k_mm(
+    a: _Rows,
+    b: _Rows,
+    offs: _Rows,
+    src: _Rows,
+    gathered_b: bool = False,
+    transposed: bool = False,
+) -> _Rows:
+    """The weight gradient of a routed expert layer on rows kept in token order, with no
+    copy of the gathered rows: ``out[g] = Σ a_rᵀ @ b_r`` over the routed rows ``r`` of group
+    ``g`` (``[G, K, N]``, ``a``'s dtype, zeros for empty groups), where routed row ``r``
+    reads ``a_r = a[src[r]]`` and ``b_r = b[r]``, or with ``gathered_b``, ``a_r = a[r]`` and
+    ``b_r = b[src[r]]``.
+
+    ``a [Ta, K]`` and ``b [Tb, N]`` 2-D, of one dtype and device: the operand read in order
+    has exactly ``R = len(src)`` rows, the gathered one any number; ``src`` any integer
+    ``[R]`` (the source row of each routed row); ``offs`` int32 ``[G]``, the cumulative
+    group ends over the ``R`` routed rows (rows past ``offs[-1]`` belong to no group). An
+    index out of range is an error: at once on the CPU, at the next call on CUDA.
+    ``transposed``: the same values computed as ``(Σ b_rᵀ @ a_r)ᵀ``, returned as the
+    transposed view of a fresh contiguous ``[G, N, K]`` (the gradient of a column-major
+    ``[G, K, N]`` weight, an ``[E, N, K]`` parameter's view, in its own layout). On Hopper
+    the rows are read through ``src`` inside the GEMM where a kernel does, else gathered
+    first; on the CPU always gathered first.
+    ValueError for shapes that do not fit, TypeError and RuntimeError for dtypes and
+    devices unlike ``a``'s."""
+
 # The fused expert products (src/exec/fused.rs): one GroupedM product whose epilogue does
 # the glue; a fresh result, or None (after every argument check, on every device) where no
 # fused kernel runs: on the CPU (nothing is read or allocated), or on a GPU, dtype or
@@ -173,10 +201,10 @@ def swiglu_mm(
     RuntimeError for dtypes and devices unlike ``x``'s."""
 
 def dgated_mm(
-    dy: _Rows, w: _Rows, offs: _Rows, pre: _Rows, scale: _Rows
+    dy: _Rows, w: _Rows, offs: _Rows, pre: _Rows, scale: _Rows, src: Optional[_Rows] = None
 ) -> Optional[Tuple[_Rows, _Rows, _Rows]]:
     """The backward of a routed SwiGLU expert's down projection through its router weight:
-    with ``p = dy @ w[g].T`` (float32 ``[R, F]``, never stored), ``gate, up = pre[:, :F],
+    with ``p = dy[src] @ w[g].T`` (float32 ``[R, F]``, never stored), ``gate, up = pre[:, :F],
     pre[:, F:]``, ``s = scale[:, None]``, ``σ = sigmoid(gate)``: ``(dpre, act, partial)``,
     ``dpre = [s·p·up·σ·(1 + gate·(1 − σ)) | s·p·gate·σ]`` (``[R, 2F]``), ``act =
     s·silu(gate)·up`` (``[R, F]``), both ``dy``'s dtype, and float32 ``partial``
@@ -184,9 +212,14 @@ def dgated_mm(
     are the router weights' gradient (no atomics); contiguous; rows past ``offs[-1]`` are
     zeros in every output.
 
-    ``dy [R, D]``; ``w [E, F, D]`` the down projection's weight, any strides; ``offs``
-    int32 ``[E]``; ``pre [R, 2F]`` of ``dy``'s dtype (the saved pre-activation, copied
-    contiguous if it is not); ``scale`` float32 ``[R]`` (each row's router weight).
+    ``dy [R, D]``, or with ``src`` (any integer ``[R]``, the token of each routed row)
+    ``dy [T, D]`` in token order, row ``r`` of the product reading ``dy[src[r]]``
+    (out-of-range values read zero rows and are reported at the next call; on the CPU the
+    answer is None before any index is read); ``w [E, F, D]`` the down projection's
+    weight, any strides; ``offs`` int32 ``[E]``; ``pre [R, 2F]`` of ``dy``'s dtype (the
+    saved pre-activation, copied contiguous if it is not); ``scale`` float32 ``[R]`` (each
+    row's router weight). With ``src`` the rows are read through it inside the GEMM where
+    a kernel does, else gathered first as :func:`gather_mm` does.
     ValueError for shapes that do not fit, TypeError for a ``scale`` that is not float32
     or dtypes unlike ``dy``'s, RuntimeError for devices unlike ``dy``'s."""
 

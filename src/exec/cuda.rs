@@ -185,6 +185,16 @@ pub(super) fn readable<R: Runtime>(rt: &mut R, t: &Tensor) -> Result<Tensor> {
     })
 }
 
+/// `t` when the kernels read it row-major in place, else a contiguous copy of it (made by
+/// the face): the operand that a gathered GroupedK product reads through `src` (and
+/// its `a`, transposed) is a row-major tensor (the bridge's `Fusion`).
+pub(super) fn row_major<R: Runtime>(rt: &mut R, t: &Tensor) -> Result<Tensor> {
+    match operand(t) {
+        Some(o) if !o.col_major => Ok(t.clone()),
+        _ => super::contiguous(rt, t),
+    }
+}
+
 /// `offs` (int32), or a contiguous copy when its stride is not 1.
 pub(super) fn readable_offs<R: Runtime>(rt: &mut R, o: &IntTensor) -> Result<IntTensor> {
     if o.layout.shape.first().map_or(true, |&n| n <= 1) || o.layout.strides[0] == 1 {
@@ -226,9 +236,12 @@ fn stream_and_tf32<R: Runtime>(rt: &mut R, device: i32, dtype: DType) -> Result<
 /// [`ffi::Fusion`] (whose doc is the contract of each field). `Default`: a plain product.
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct Fusion<'a> {
-    /// GroupedM only: the contiguous int32 routed-row index `[m]`; A's row `r` is row
-    /// `src[r]` of `a`.
+    /// The contiguous int32 routed-row index: GroupedM `[m]`, A's row `r` is row
+    /// `src[r]` of `a`; GroupedK `[k]`, routed row `r` of A (of B with `src_b`) is row
+    /// `src[r]` of the row-major tensor that `a` (transposed) or `b` describes.
     pub src: Option<&'a IntTensor>,
+    /// GroupedK only: `src` indexes the rows of `b` instead of those of `a`.
+    pub src_b: bool,
     /// What the epilogue writes, with its contiguous operands.
     pub epilogue: Epilogue<'a>,
 }
@@ -281,6 +294,7 @@ impl Fusion<'_> {
         };
         ffi::Fusion {
             src: self.src.map_or(0, |o| o.ptr as u64),
+            src_b: self.src_b,
             epilogue,
             act,
             pre,
@@ -601,6 +615,7 @@ mod tests {
         let r = packed_request(&plan, &xt, &dy, Some(&offs), &plain, &c, (77, false)).unwrap();
         assert_eq!(r.form, ffi::Form::GroupedK);
         assert_eq!(r.fusion.src, 0, "no gathered rows unless asked for");
+        assert!(!r.fusion.src_b);
         assert_eq!(r.fusion.epilogue, ffi::Epilogue::Plain);
         let f = r.fusion;
         assert_eq!((f.act, f.pre, f.scale, f.partial), (0, 0, 0, 0));
@@ -643,6 +658,55 @@ mod tests {
         assert_eq!(r.fusion.epilogue, ffi::Epilogue::Plain);
     }
 
+    /// `gather_k_mm`'s request: a GroupedK product over the `R` routed rows whose `a` is
+    /// the transposed view of the row-major source rows (`cols`: the source rows, not
+    /// `k`), `src` and, gathered B, `src_b`, with `b` the row-major source rows of B.
+    #[test]
+    fn gathered_k_request_reads_the_source_rows() {
+        let (rows_x, rows, k, n, g) = (10usize, 24usize, 16usize, 8usize, 3usize);
+        let row_major = |r: usize, c: usize| t(&[r, c], &[c as isize, 1]);
+        let at = |ptr, len| IntTensor {
+            ptr,
+            layout: Layout::new(&[len], &[1]),
+            device: Device::Cuda(0),
+            id: 1,
+            int32: true,
+        };
+        let (offs, index) = (at(8192, g), at(4096, rows));
+        for src_b in [false, true] {
+            let (a, b) = match src_b {
+                false => (row_major(rows_x, k), row_major(rows, n)),
+                true => (row_major(rows, k), row_major(rows_x, n)),
+            };
+            let plan =
+                crate::shape::plan_gather_k(&a.layout, &b.layout, &index.layout, g, src_b, false)
+                    .unwrap();
+            let c = t(&plan.out_shape, &[(k * n) as isize, n as isize, 1]);
+            let gather = Fusion {
+                src: Some(&index),
+                src_b,
+                ..Fusion::default()
+            };
+            let at = crate::layout::Transposable::transposed(&a);
+            let r = packed_request(&plan, &at, &b, Some(&offs), &gather, &c, (77, false)).unwrap();
+            assert_eq!(r.form, ffi::Form::GroupedK);
+            assert_eq!((r.groups, r.m, r.n, r.k), (3, 16, 8, 24));
+            assert_eq!((r.fusion.src, r.fusion.src_b), (4096, src_b));
+            assert_eq!(r.fusion.epilogue, ffi::Epilogue::Plain);
+            let a_rows = if src_b { rows } else { rows_x };
+            assert_eq!(
+                (r.a.rows, r.a.cols, r.a.ld, r.a.col_major),
+                (16, a_rows as i64, 16, true)
+            );
+            let b_rows = if src_b { rows_x } else { rows };
+            assert_eq!(
+                (r.b.rows, r.b.cols, r.b.ld, r.b.col_major),
+                (b_rows as i64, 8, 8, false)
+            );
+            assert_eq!((r.c.batch, r.c.rows, r.c.cols), (3, 16, 8));
+        }
+    }
+
     /// `swiglu_mm`'s request: the gathered product into `pre` `[R, 2F]` with the SwiGLU
     /// epilogue writing `act`; nothing of DGated's.
     #[test]
@@ -670,6 +734,7 @@ mod tests {
         });
         let fusion = Fusion {
             src: Some(&index),
+            src_b: false,
             epilogue: Epilogue::SwiGLU { act: &act },
         };
         let r =
@@ -711,8 +776,15 @@ mod tests {
         };
         let pre = tensor(1 << 20, &[rows, 2 * f], DType::BF16);
         let scale = tensor(1 << 21, &[rows], DType::F32);
-        let d = crate::shape::plan_dgated_mm(&dy.layout, &w.layout, &pre.layout, &scale.layout, g)
-            .unwrap();
+        let d = crate::shape::plan_dgated_mm(
+            &dy.layout,
+            &w.layout,
+            &pre.layout,
+            &scale.layout,
+            None,
+            g,
+        )
+        .unwrap();
         let shapes = d.out_shapes();
         assert_eq!(shapes[2], [2, rows], "ceil(72 / 64) chunks");
         let dpre = tensor(1 << 22, &shapes[0], DType::BF16);
@@ -720,6 +792,7 @@ mod tests {
         let partial = tensor(1 << 24, &shapes[2], DType::F32);
         let fusion = Fusion {
             src: None,
+            src_b: false,
             epilogue: Epilogue::DGated {
                 act: &act,
                 pre: &pre,

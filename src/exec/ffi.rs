@@ -106,11 +106,23 @@ pub(crate) mod bridge {
     /// engine composes the same product from plain parts. All zero: a plain product.
     #[derive(Clone, Copy, Debug)]
     struct Fusion {
-        /// GroupedM only, else 0: device address of a contiguous int32 `[m]` routed-row
-        /// index: row `r` of the product's A is row `src[r]` of `a` (whose `rows` may
-        /// differ from `m`); an index outside `[0, a.rows)` reads a row of zeros and
-        /// raises the device's deferred error flag (reported at the next call).
+        /// GroupedM and GroupedK, else 0: device address of a contiguous int32 routed-row
+        /// index; an index outside the source rows reads a row of zeros and raises the
+        /// device's deferred error flag (reported at the next call).
+        /// - GroupedM: `src` is `[m]`; row `r` of the product's A is row `src[r]` of `a`
+        ///   (whose `rows` may differ from `m`).
+        /// - GroupedK: the product is `c[g] = A_gᵀ·B_g` over the `k = R` routed rows of
+        ///   group `g` (`offs` over the `R` rows; `src` is `[k]`). Without `src_b`, routed
+        ///   row `r` of A is row `src[r]` of the tensor `a` describes: `a` is then `xᵀ`, a
+        ///   column-major `[m, a.cols]` view of a row-major `x [a.cols, m]`, whose `cols`
+        ///   is the number of source rows, not `k`; `b` is `[k, n]` as in a plain product.
+        ///   With `src_b`, see there.
         src: u64,
+        /// GroupedK only (GroupedM: false): `src` indexes the token rows of `b` instead of
+        /// those of `a`: routed row `r` of B is row `src[r]` of `b` (`b` row-major
+        /// `[b.rows, n]`, its `rows` the number of source rows, not `k`); `a` is the
+        /// `[m, k]` operand of a plain product.
+        src_b: bool,
         /// What the epilogue does with the product `p = a · b` (`[m, n]`, fp32); GroupedM
         /// only. Rows past the last group end get zeros in every output.
         /// - `Plain`: `c = p`; the fields below are 0.

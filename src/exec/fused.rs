@@ -6,10 +6,10 @@
 //! memory read, nothing allocated) → on CUDA: operands normalised once, fresh contiguous
 //! outputs, one [`cuda::packed`] request with the epilogue → the outputs, or `None` when
 //! the bridge answers `Unsupported` (no kernel for the device, dtype or alignment; nothing
-//! ran). `swiglu_mm` with `src` first asks for the rows read through `src` inside the
-//! product; where no kernel does that (in-GEMM gathering is off by default) it gathers
-//! them first, as `gather_mm` does ([`super::gather_rows`]), and asks for the epilogue
-//! alone. A `None` is the caller's to compose from plain products and row ops
+//! ran). `swiglu_mm` and `dgated_mm` with `src` first ask for the rows read through
+//! `src` inside the product; where no kernel does that (in-GEMM gathering is off by
+//! default) they gather them first, as `gather_mm` does ([`super::gather_rows`]), and ask
+//! for the epilogue alone. A `None` is the caller's to compose from plain products and row ops
 //! (`groupmm.fused` in Python, where the composition's formulas live with the glue): the
 //! engine composes nothing here. No host sync: `offs` is read on the device only, and an
 //! earlier call's invalid `offs` is raised as every packed call raises it.
@@ -56,6 +56,7 @@ pub unsafe fn swiglu_mm<R: Runtime>(
     let (act, act_t) = rt.alloc(&shapes[1], x.dtype, x.device)?;
     let fusion = |src| cuda::Fusion {
         src,
+        src_b: false,
         epilogue: cuda::Epilogue::SwiGLU { act: &act_t },
     };
     let (x, w, offs) = (&ops.t[0], &ops.t[1], ops.offs.as_ref());
@@ -78,13 +79,15 @@ pub unsafe fn swiglu_mm<R: Runtime>(
 }
 
 /// The backward of a routed SwiGLU expert's down projection through the router weight:
-/// with `p = dy · w[g]ᵀ` (`dy [R, D]`, `w [G, F, D]` the down projection's weight; `p`
-/// `[R, F]` in fp32, never stored), `pre [R, 2F]` the saved pre-activation and `scale
-/// [R]` (float32) each row's router weight: `(dpre [R, 2F], act [R, F], partial
-/// [ceil(F/64), R])`, fresh and contiguous (`partial` float32, the others `dy`'s dtype):
-/// `dpre` the gradient of `pre`, `act = scale * silu(gate) * up`, and `partial` the
-/// router weight's gradient of each row in 64-column partial sums. `None` on the CPU and
-/// where no kernel runs it.
+/// with `p = dy[src] · w[g]ᵀ` (`dy [T, D]` in token order and `src [R]` the token of each
+/// routed row, or without `src` `dy [R, D]` and its rows in order; `w [G, F, D]` the down
+/// projection's weight; `p` `[R, F]` in fp32, never stored), `pre [R, 2F]` the saved
+/// pre-activation and `scale [R]` (float32) each row's router weight: `(dpre [R, 2F], act
+/// [R, F], partial [ceil(F/64), R])`, fresh and contiguous (`partial` float32, the others
+/// `dy`'s dtype): `dpre` the gradient of `pre`, `act = scale * silu(gate) * up`, and
+/// `partial` the router weight's gradient of each row in 64-column partial sums. `None` on
+/// the CPU and where no kernel runs it (with `src`: after gathering the rows first, when
+/// no kernel reads them through `src`).
 ///
 /// # Safety
 /// As [`super::packed`].
@@ -95,8 +98,12 @@ pub unsafe fn dgated_mm<R: Runtime>(
     offs: &IntTensor,
     pre: &Tensor,
     scale: &Tensor,
+    src: Option<&IntTensor>,
 ) -> Result<Option<[R::Out; 3]>> {
     shape::check_like("w", w.like(), "dy", dy.reference())?;
+    if let Some(s) = src {
+        shape::check_like("src", (None, s.device), "dy", dy.reference())?;
+    }
     shape::check_like("offs", (None, offs.device), "dy", dy.reference())?;
     shape::check_like("pre", pre.like(), "dy", dy.reference())?;
     shape::check_like("scale", (None, scale.device), "dy", dy.reference())?;
@@ -106,6 +113,7 @@ pub unsafe fn dgated_mm<R: Runtime>(
         &w.layout,
         &pre.layout,
         &scale.layout,
+        src.map(|s| &s.layout),
         shape::offs_len(&offs.layout)?,
     )?;
     if dy.device == Device::Cpu {
@@ -114,14 +122,16 @@ pub unsafe fn dgated_mm<R: Runtime>(
     // p = dy · w[g]ᵀ: the transposed view, read in place (as the backward's dA reads b)
     let wt = w.transposed();
     let ops = Operands::prepare(rt, &[dy, &wt], Some(offs))?;
+    let src = src.map(|s| contiguous_int32(rt, s)).transpose()?;
     let pre = contiguous(rt, pre)?;
     let scale = contiguous(rt, scale)?;
     let shapes = dims.out_shapes();
     let (dpre, dpre_t) = rt.alloc(&shapes[0], dy.dtype, dy.device)?;
     let (act, act_t) = rt.alloc(&shapes[1], dy.dtype, dy.device)?;
     let (partial, partial_t) = rt.alloc(&shapes[2], DType::F32, dy.device)?;
-    let fusion = cuda::Fusion {
-        src: None,
+    let fusion = |src| cuda::Fusion {
+        src,
+        src_b: false,
         epilogue: cuda::Epilogue::DGated {
             act: &act_t,
             pre: &pre,
@@ -129,11 +139,22 @@ pub unsafe fn dgated_mm<R: Runtime>(
             partial: &partial_t,
         },
     };
-    let (a, b) = (&ops.t[0], &ops.t[1]);
+    let (dy, wt, offs) = (&ops.t[0], &ops.t[1], ops.offs.as_ref());
+    let (plan, asked) = (&dims.product, fusion(src.as_ref()));
     // SAFETY: forwarded contract; `pre` and `scale` contiguous (or copies the face keeps
     // for the call), the outputs fresh and contiguous.
-    let ran =
-        unsafe { cuda::packed(rt, &dims.product, a, b, ops.offs.as_ref(), &fusion, &dpre_t)? };
+    if unsafe { cuda::packed(rt, plan, dy, wt, offs, &asked, &dpre_t)? } {
+        return Ok(Some([dpre, act, partial]));
+    }
+    let Some(src) = &src else {
+        return Ok(None);
+    };
+    // No kernel reads the rows through `src` inside this product: gather them first and
+    // ask for the epilogue alone.
+    // SAFETY: forwarded contract; `src` contiguous int32.
+    let (_keep, rows) = unsafe { super::gather_rows(rt, dy, src)? };
+    // SAFETY: as above; `rows` lives until `_keep` drops, after the call.
+    let ran = unsafe { cuda::packed(rt, plan, &rows, wt, offs, &fusion(None), &dpre_t)? };
     Ok(ran.then_some([dpre, act, partial]))
 }
 
@@ -193,7 +214,17 @@ mod tests {
     }
 
     fn down(dy: &Tensor, w: &Tensor, offs: &IntTensor, pre: &Tensor, s: &Tensor) -> Result<bool> {
-        unsafe { dgated_mm(&mut Untouched, dy, w, offs, pre, s) }.map(|o| o.is_some())
+        unsafe { dgated_mm(&mut Untouched, dy, w, offs, pre, s, None) }.map(|o| o.is_some())
+    }
+
+    fn down_src(
+        dy: &Tensor,
+        w: &Tensor,
+        offs: &IntTensor,
+        (pre, s): (&Tensor, &Tensor),
+        src: &IntTensor,
+    ) -> Result<bool> {
+        unsafe { dgated_mm(&mut Untouched, dy, w, offs, pre, s, Some(src)) }.map(|o| o.is_some())
     }
 
     #[track_caller]
@@ -211,6 +242,12 @@ mod tests {
         let (dy, wd) = (t(&[24, 16], BF, CPU), t(&[3, 4, 16], BF, CPU));
         let (pre, s) = (t(&[24, 8], BF, CPU), t(&[24], DType::F32, CPU));
         assert!(!down(&dy, &wd, &offs, &pre, &s).unwrap());
+        // dy in token order read through src (int64 too: converted on CUDA only)
+        let dy_tokens = t(&[10, 16], BF, CPU);
+        for int32 in [true, false] {
+            let src = int(&[24], CPU, int32);
+            assert!(!down_src(&dy_tokens, &wd, &offs, (&pre, &s), &src).unwrap());
+        }
         // float64 too: the fused kernels' dtypes are the bridge's business, not a rule
         let x64 = |shape: &[usize]| t(shape, DType::F64, CPU);
         assert!(!up(&x64(&[10, 16]), &x64(&[3, 16, 8]), &offs, None).unwrap());
@@ -288,6 +325,47 @@ mod tests {
         ));
         assert!(err(down(&dy, &w, &offs, &pre, &t(&[23], DType::F32, CPU)))
             .starts_with("scale: expected shape [24]"));
+    }
+
+    #[test]
+    fn dgated_mm_with_src_argument_errors() {
+        let (dy, w) = (t(&[10, 16], BF, CPU), t(&[3, 4, 16], BF, CPU));
+        let (pre, s) = (t(&[24, 8], BF, CPU), t(&[24], DType::F32, CPU));
+        let (offs, src) = (int(&[3], CPU, true), int(&[24], CPU, true));
+        assert!(down_src(&dy, &w, &offs, (&pre, &s), &src).is_ok());
+        assert!(matches!(
+            down_src(&dy, &w, &offs, (&pre, &s), &int(&[24], GPU, true)),
+            Err(Error::Device(m)) if m == "src: expected a tensor on cpu (the device of dy), found one on cuda:0"
+        ));
+        assert!(err(down_src(
+            &dy,
+            &w,
+            &offs,
+            (&pre, &s),
+            &int(&[4, 6], CPU, true)
+        ))
+        .starts_with("src: expected a 1-D tensor [R]"));
+        assert!(
+            err(down_src(&t(&[10], BF, CPU), &w, &offs, (&pre, &s), &src))
+                .starts_with("dy: expected a 2-D tensor [T, D]")
+        );
+        // R = len(src), not the rows of dy
+        assert!(matches!(
+            down_src(&dy, &w, &offs, (&t(&[10, 8], BF, CPU), &s), &src),
+            Err(Error::Shape(m)) if m.starts_with("pre: expected shape [24, 8] ([R, 2F]: R = len(src)")
+        ));
+        assert!(err(down_src(
+            &dy,
+            &w,
+            &offs,
+            (&pre, &t(&[10], DType::F32, CPU)),
+            &src
+        ))
+        .starts_with("scale: expected shape [24]"));
+        assert!(
+            err(down_src(&dy, &w, &offs, (&pre, &t(&[24], BF, CPU)), &src))
+                .starts_with("scale: expected dtype torch.float32")
+        );
     }
 
     /// A bad argument raises on CUDA as on the CPU: every rule runs before anything else

@@ -3,8 +3,8 @@
 //! request → validate (the rules of [`crate::shape`]) → plan → dispatch (the CPU kernels
 //! of [`crate::cpu`], or the CUDA launchers of `cuda/` through [`cuda`]) → backward
 //! composition (`dA = dC·Bᵀ`, `dB = Aᵀ·dC` on transposed descriptions, no copies), for
-//! the packed and the list forms, written once; the gathered product of the MoE forward
-//! ([`packed_gather`]), the fused expert products ([`fused`]: a GroupedM product with a
+//! the packed and the list forms, written once; the gathered products of the MoE layer
+//! ([`packed_gather`], and [`packed_gather_k`] for its weight gradients), the fused expert products ([`fused`]: a GroupedM product with a
 //! SwiGLU or dGated epilogue) and the row ops of the MoE glue ([`rows`]) go the same way.
 //! See ARCHITECTURE.md.
 //!
@@ -472,13 +472,104 @@ pub unsafe fn packed_gather<R: Runtime>(
     })
 }
 
+/// The GroupedK product with gathered rows, the weight gradient of the MoE layer on
+/// tokens kept in token order (no `[R, K]` copy of them): `out[g] = Σ a_rᵀ · b_r` over the
+/// routed rows `r` of group `g` (`offs` over the `R = len(src)` rows), `[G, K, N]` of
+/// `a`'s dtype, zeros for empty groups, with `a_r = a[src[r]]`, `b_r = b[r]`, or with
+/// `gathered_b`, `a_r = a[r]`, `b_r = b[src[r]]` (rule: [`shape::plan_gather_k`]). With
+/// `transposed`, the same values computed as `(Σ b_rᵀ · a_r)ᵀ`: the transposed view of a
+/// fresh contiguous `[G, N, K]` (the gradient of a column-major weight in its own layout,
+/// as [`packed_backward`] gives it).
+///
+/// On CUDA, one GroupedK request whose `Fusion` reads the routed rows through `src`
+/// (`src_b` when the gathered operand is the product's B); where the bridge answers
+/// `Unsupported`, and on the CPU, the rows are gathered first ([`gather_rows`]) and the
+/// plain GroupedK product runs. An index out of range is an error: on the CPU at once
+/// (the row op's host rule, [`shape::check_indices`]), on CUDA at the next call.
+///
+/// # Safety
+/// As [`packed`].
+pub unsafe fn packed_gather_k<R: Runtime>(
+    rt: &mut R,
+    a: &Tensor,
+    b: &Tensor,
+    offs: &IntTensor,
+    src: &IntTensor,
+    gathered_b: bool,
+    transposed: bool,
+) -> Result<R::Out> {
+    shape::check_like("b", b.like(), "a", a.reference())?;
+    shape::check_like("src", (None, src.device), "a", a.reference())?;
+    shape::check_like("offs", (None, offs.device), "a", a.reference())?;
+    let plan = shape::plan_gather_k(
+        &a.layout,
+        &b.layout,
+        &src.layout,
+        shape::offs_len(&offs.layout)?,
+        gathered_b,
+        transposed,
+    )?;
+    // SAFETY: forwarded contract.
+    let offs_vals = unsafe { host_offs(Some(offs), &plan)? };
+    // The product that runs, `Σ first_rᵀ · second_r`; `src_b`: `src` indexes the rows of
+    // `second` (swapped operands swap which one is gathered).
+    let (first, second, src_b) = if transposed {
+        (b, a, !gathered_b)
+    } else {
+        (a, b, gathered_b)
+    };
+    let ops = Operands::prepare(rt, &[first, second], Some(offs))?;
+    let (first, second, offs) = (&ops.t[0], &ops.t[1], ops.offs.as_ref());
+    let src = contiguous_int32(rt, src)?;
+    let o = into_target(rt, None, &plan.out_shape, a.dtype, a.device, |rt, c| {
+        if let Device::Cuda(_) = first.device {
+            // `a` is the transposed view of the row-major first operand (as the
+            // backward's dB = aᵀ·grad reads it); a gathered `b` is row-major too.
+            let x = cuda::row_major(rt, first)?;
+            let y = match src_b {
+                true => cuda::row_major(rt, second)?,
+                false => second.clone(),
+            };
+            let gather = cuda::Fusion {
+                src: Some(&src),
+                src_b,
+                ..cuda::Fusion::default()
+            };
+            // SAFETY: forwarded contract; `c` is a fresh output, `x` and `y` live (or
+            // copies the face keeps for the call).
+            if unsafe { cuda::packed(rt, &plan, &x.transposed(), &y, offs, &gather, c)? } {
+                return Ok(());
+            }
+        }
+        // No kernel reads the rows through `src` here: gather them first.
+        let gathered = if src_b { second } else { first };
+        // SAFETY: forwarded contract; `src` contiguous int32.
+        let (_keep, rows) = unsafe { gather_rows(rt, gathered, &src)? };
+        let (x, y) = if src_b {
+            (first, &rows)
+        } else {
+            (&rows, second)
+        };
+        // SAFETY: as for `packed`; `rows` is alive until `_keep` drops, after the product.
+        unsafe { run_packed(rt, &plan, &x.transposed(), y, offs, offs_vals.as_deref(), c) }
+    })?;
+    if transposed {
+        rt.transposed(o)
+    } else {
+        Ok(o)
+    }
+}
+
 /// The rows `x[src[r]]` of a gathered product in a fresh contiguous `[R, K]` (a row
-/// whose `src` is out of range: zeros): the row op `GatherSum` with `src` as a one-column
-/// `inverse` (row `r` sums the one row `src[r]`). The output object keeps the rows alive.
+/// whose `src` is out of range: zeros on CUDA, where the device's deferred flag reports
+/// it; an error on the CPU, [`shape::check_indices`]): the row op `GatherSum` with `src`
+/// as a one-column `inverse` (row `r` sums the one row `src[r]`). The output object keeps
+/// the rows alive.
 ///
 /// # Safety
 /// As [`packed`]; `x` is 2-D and `src` contiguous int32 (validated by
-/// [`shape::plan_gather`], made so by [`contiguous_int32`]).
+/// [`shape::plan_gather`], [`shape::plan_gather_k`] or [`shape::plan_dgated_mm`], made so
+/// by [`contiguous_int32`]).
 unsafe fn gather_rows<R: Runtime>(
     rt: &mut R,
     x: &Tensor,
@@ -839,5 +930,160 @@ impl Operands {
                 offs: offs.cloned(),
             }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Host float64 outputs filled with NaN (every element must be written); any other
+    /// loan fails the test.
+    struct Host;
+    impl Runtime for Host {
+        type Out = Vec<f64>;
+        fn alloc(
+            &mut self,
+            shape: &[usize],
+            dtype: DType,
+            device: Device,
+        ) -> Result<Output<Vec<f64>>> {
+            assert_eq!((dtype, device), (DType::F64, Device::Cpu));
+            let v = vec![f64::NAN; shape.iter().product()];
+            let t = tensor(v.as_ptr() as usize, shape, dtype, device);
+            Ok((v, t))
+        }
+        fn contiguous(&mut self, _: usize) -> Result<(usize, Layout)> {
+            panic!("copied")
+        }
+        fn int32(&mut self, _: usize) -> Result<usize> {
+            panic!("converted")
+        }
+    }
+
+    fn tensor(ptr: usize, shape: &[usize], dtype: DType, device: Device) -> Tensor {
+        Tensor {
+            ptr,
+            dtype,
+            layout: Layout::contiguous(shape),
+            device,
+            id: 0,
+            transposed: false,
+        }
+    }
+
+    fn index(v: &[i32], device: Device) -> IntTensor {
+        IntTensor {
+            ptr: v.as_ptr() as usize,
+            layout: Layout::contiguous(&[v.len()]),
+            device,
+            id: 0,
+            int32: true,
+        }
+    }
+
+    /// `Σ a_rᵀ · b_r` per group, the rows as `gathered_b` says, from the definition.
+    fn reference(
+        (a, k): (&[f64], usize),
+        (b, n): (&[f64], usize),
+        ends: &[i32],
+        src: &[i32],
+        gathered_b: bool,
+    ) -> Vec<f64> {
+        let mut out = vec![0.0; ends.len() * k * n];
+        let mut start = 0;
+        for (g, &end) in ends.iter().enumerate() {
+            for (r, &s) in src.iter().enumerate().take(end as usize).skip(start) {
+                let (ra, rb) = match gathered_b {
+                    false => (s as usize, r),
+                    true => (r, s as usize),
+                };
+                for i in 0..k {
+                    for j in 0..n {
+                        out[(g * k + i) * n + j] += a[ra * k + i] * b[rb * n + j];
+                    }
+                }
+            }
+            start = end as usize;
+        }
+        out
+    }
+
+    #[test]
+    fn gather_k_on_the_cpu_matches_the_definition() {
+        let (k, n) = (3usize, 2usize);
+        let src = [4i32, 0, 0, 2, 5, 1, 3];
+        let ends = [2i32, 2, 6]; // an empty group, a row past the last group
+        let (r, t) = (src.len(), 6usize);
+        let (offs_v, cpu) = (ends.to_vec(), Device::Cpu);
+        let vals = |len: usize, seed: f64| -> Vec<f64> {
+            (0..len).map(|i| ((i as f64 + seed) * 0.37).sin()).collect()
+        };
+        for gathered_b in [false, true] {
+            let (ta, tb) = if gathered_b { (r, t) } else { (t, r) };
+            let (a, b) = (vals(ta * k, 1.0), vals(tb * n, 2.0));
+            let at = tensor(a.as_ptr() as usize, &[ta, k], DType::F64, cpu);
+            let bt = tensor(b.as_ptr() as usize, &[tb, n], DType::F64, cpu);
+            let (offs, idx) = (index(&offs_v, cpu), index(&src, cpu));
+            // SAFETY: live host arrays of the shapes described.
+            let out =
+                unsafe { packed_gather_k(&mut Host, &at, &bt, &offs, &idx, gathered_b, false) }
+                    .unwrap();
+            let expect = reference((&a, k), (&b, n), &ends, &src, gathered_b);
+            assert_eq!(out.len(), expect.len());
+            for (o, e) in out.iter().zip(&expect) {
+                assert!(
+                    (o - e).abs() <= 1e-12,
+                    "{o} != {e} (gathered_b {gathered_b})"
+                );
+            }
+            assert!(
+                out[k * n..2 * k * n].iter().all(|&v| v == 0.0),
+                "empty group"
+            );
+        }
+    }
+
+    #[test]
+    fn gather_k_errors_name_the_argument() {
+        let (a, b, src, ends) = ([0.0f64; 12], [0.0f64; 8], [0i32, 1, 2, 3], [4i32]);
+        let cpu = Device::Cpu;
+        let run = |a: &Tensor, b: &Tensor, offs: &IntTensor, src: &IntTensor| {
+            // SAFETY: live host arrays; the errors come before anything is read.
+            unsafe { packed_gather_k(&mut Host, a, b, offs, src, false, false) }
+                .map(|_| ())
+                .unwrap_err()
+                .to_string()
+        };
+        let at = tensor(a.as_ptr() as usize, &[4, 3], DType::F64, cpu);
+        let bt = tensor(b.as_ptr() as usize, &[4, 2], DType::F64, cpu);
+        let (offs, idx) = (index(&ends, cpu), index(&src, cpu));
+        let b32 = Tensor {
+            dtype: DType::F32,
+            ..bt.clone()
+        };
+        assert_eq!(
+            run(&at, &b32, &offs, &idx),
+            "b: expected dtype torch.float64 (the dtype of a), found torch.float32"
+        );
+        let gpu = |i: &IntTensor| IntTensor {
+            device: Device::Cuda(0),
+            ..i.clone()
+        };
+        assert!(run(&at, &bt, &offs, &gpu(&idx))
+            .starts_with("src: expected a tensor on cpu (the device of a)"));
+        assert!(run(&at, &bt, &gpu(&offs), &idx)
+            .starts_with("offs: expected a tensor on cpu (the device of a)"));
+        let b3 = tensor(b.as_ptr() as usize, &[3, 2], DType::F64, cpu);
+        assert!(run(&at, &b3, &offs, &idx).starts_with("b: expected shape [R=4, N]"));
+        // offs values: the GroupedK rule over the R routed rows
+        let past = [5i32];
+        assert!(run(&at, &bt, &index(&past, cpu), &idx).starts_with("offs:"));
+        // index values: the row ops' host rule
+        let bad = [0i32, 4, 1, 2];
+        assert_eq!(
+            run(&at, &bt, &offs, &index(&bad, cpu)),
+            "src/inverse: routing index 4 at position 1 is out of range: expected a row in [0, 4)"
+        );
     }
 }

@@ -174,6 +174,33 @@ fn gather_mm<'py>(
     })
 }
 
+/// The GroupedK product with gathered rows (`exec::packed_gather_k`): `out[g] = Σ a_rᵀ @
+/// b_r` over the routed rows `r` of group `g`, with `a_r = a[src[r]]`, `b_r = b[r]` (or,
+/// `gathered_b`, `a_r = a[r]`, `b_r = b[src[r]]`); `transposed`: the transposed view of a
+/// fresh `[G, N, K]`.
+#[pyfunction]
+#[pyo3(signature = (a, b, offs, src, gathered_b=false, transposed=false))]
+fn gather_k_mm<'py>(
+    py: Python<'py>,
+    a: &Bound<'py, PyAny>,
+    b: &Bound<'py, PyAny>,
+    offs: &Bound<'py, PyAny>,
+    src: &Bound<'py, PyAny>,
+    gathered_b: bool,
+    transposed: bool,
+) -> PyResult<Bound<'py, PyAny>> {
+    guard(|| {
+        let mut rt = PyRuntime::new(py);
+        let a = rt.reference("a", a)?;
+        let b = rt.input(&"b", b)?;
+        let offs = required_offs(&mut rt, offs)?;
+        let src = rt.index("src", src)?;
+        // SAFETY: as in gather_mm.
+        unsafe { exec::packed_gather_k(&mut rt, &a, &b, &offs, &src, gathered_b, transposed) }
+            .map_err(|e| rt.raise(e))
+    })
+}
+
 /// `offs` of a call that requires it (int32).
 fn required_offs<'py>(
     rt: &mut PyRuntime<'py>,
@@ -212,8 +239,10 @@ fn swiglu_mm<'py>(
 
 /// The fused backward of a routed SwiGLU expert's down projection
 /// (`exec::fused::dgated_mm`): `(dpre, act, partial)`, or `None` where no fused kernel
-/// runs (CPU, or `Unsupported`).
+/// runs (CPU, or `Unsupported`). With `src`, `dy` is in token order and row `r` of the
+/// product reads `dy[src[r]]`.
 #[pyfunction]
+#[pyo3(signature = (dy, w, offs, pre, scale, src=None))]
 fn dgated_mm<'py>(
     py: Python<'py>,
     dy: &Bound<'py, PyAny>,
@@ -221,6 +250,7 @@ fn dgated_mm<'py>(
     offs: &Bound<'py, PyAny>,
     pre: &Bound<'py, PyAny>,
     scale: &Bound<'py, PyAny>,
+    src: Option<&Bound<'py, PyAny>>,
 ) -> Fused<(Obj<'py>, Obj<'py>, Obj<'py>)> {
     guard(|| {
         let mut rt = PyRuntime::new(py);
@@ -229,9 +259,11 @@ fn dgated_mm<'py>(
         let offs = required_offs(&mut rt, offs)?;
         let pre = rt.input(&"pre", pre)?;
         let scale = rt.input(&"scale", scale)?;
+        let src = not_none(src).map(|s| rt.index("src", s)).transpose()?;
         // SAFETY: as in swiglu_mm.
-        let r = unsafe { exec::fused::dgated_mm(&mut rt, &dy, &w, &offs, &pre, &scale) }
-            .map_err(|e| rt.raise(e))?;
+        let r =
+            unsafe { exec::fused::dgated_mm(&mut rt, &dy, &w, &offs, &pre, &scale, src.as_ref()) }
+                .map_err(|e| rt.raise(e))?;
         Ok(r.map(|[dpre, act, partial]| (dpre, act, partial)))
     })
 }
@@ -531,6 +563,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(grouped_mm_list, m)?)?;
     m.add_function(wrap_pyfunction!(grouped_mm_list_backward, m)?)?;
     m.add_function(wrap_pyfunction!(gather_mm, m)?)?;
+    m.add_function(wrap_pyfunction!(gather_k_mm, m)?)?;
     m.add_function(wrap_pyfunction!(swiglu_mm, m)?)?;
     m.add_function(wrap_pyfunction!(dgated_mm, m)?)?;
     m.add_function(wrap_pyfunction!(swiglu, m)?)?;

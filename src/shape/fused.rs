@@ -7,7 +7,7 @@
 //! | [`Epilogue`] | operands | product (GroupedM) | outputs |
 //! | --- | --- | --- | --- |
 //! | `SwiGLU` (`swiglu_mm`) | `x [T, K]`, `w [G, K, 2F]`, `src [R]` (absent: `R = T`, row `r` is `x[r]`) | `p = x[src] · w[g]`, `[R, 2F]` | `pre [R, 2F]` (`= p`), `act [R, F]` |
-//! | `DGated` (`dgated_mm`) | `dy [R, D]`, `w [G, F, D]` (the down projection's), `pre [R, 2F]`, `scale [R]` | `p = dy · w[g]ᵀ`, `[R, F]` | `dpre [R, 2F]`, `act [R, F]`, `partial [⌈F/64⌉, R]` |
+//! | `DGated` (`dgated_mm`) | `dy [T, D]`, `w [G, F, D]` (the down projection's), `pre [R, 2F]`, `scale [R]`, `src [R]` (absent: `R = T`, row `r` is `dy[r]`) | `p = dy[src] · w[g]ᵀ`, `[R, F]` | `dpre [R, 2F]`, `act [R, F]`, `partial [⌈F/64⌉, R]` |
 //!
 //! `offs` (1-D, [`super::offs_len`]) holds the group ends over the `R` rows; rows past
 //! its last entry are zeros in every output. `src` values are never an error (the
@@ -75,22 +75,41 @@ pub fn plan_swiglu_mm(
     })
 }
 
-/// `dgated_mm(dy, w, offs, pre, scale)`: `dy [R, D]`, `w [G, F, D]` (`G = len(offs)`),
-/// `pre [R, 2F]`, `scale [R]`; the product is `dy · w[g]ᵀ` (GroupedM, `n = F`, `k = D`).
+/// `dgated_mm(dy, w, offs, pre, scale, src)`: `dy [R, D]`, or with `src [R]` `dy [T, D]`
+/// (the rows in token order, row `r` of the product is `dy[src[r]]`; `src` values: the
+/// row ops' rule, not a shape rule), `w [G, F, D]` (`G = len(offs)`), `pre [R, 2F]`,
+/// `scale [R]`; the product is `dy[src] · w[g]ᵀ` (GroupedM, `m = R`, `n = F`, `k = D`).
 pub fn plan_dgated_mm(
     dy: &Layout,
     w: &Layout,
     pre: &Layout,
     scale: &Layout,
+    src: Option<&Layout>,
     offs_len: usize,
 ) -> Result<FusedDims> {
     if dy.ndim() != 2 {
+        let what = match src {
+            None => "[R, D] (the gradient of the down projection's rows)",
+            Some(_) => {
+                "[T, D] (the gradient of the down projection's output, the rows src indexes)"
+            }
+        };
         return Err(shape_err(format!(
-            "dy: expected a 2-D tensor [R, D] (the gradient of the down projection's rows), found shape {}",
+            "dy: expected a 2-D tensor {what}, found shape {}",
             fmt_shape(&dy.shape)
         )));
     }
-    let (r, d) = (dy.shape[0], dy.shape[1]);
+    let r = match src {
+        None => dy.shape[0],
+        Some(s) if s.ndim() == 1 => s.shape[0],
+        Some(s) => {
+            return Err(shape_err(format!(
+                "src: expected a 1-D tensor [R] (the row of dy of each routed row), found shape {}",
+                fmt_shape(&s.shape)
+            )))
+        }
+    };
+    let d = dy.shape[1];
     if w.ndim() != 3 || w.shape[2] != d {
         return Err(shape_err(format!(
             "w: expected 3-D weights [G, F, D={d}] (the down projection's; D: the columns of dy), found shape {}",
@@ -104,21 +123,30 @@ pub fn plan_dgated_mm(
         )));
     }
     let f = w.shape[1];
+    let rows = match src {
+        None => "the rows of dy",
+        Some(_) => "R = len(src)",
+    };
     need_ndim("pre", pre, &[2])?;
     if pre.shape != [r, 2 * f] {
         return Err(shape_err(format!(
-            "pre: expected shape {} ([R, 2F]: the rows of dy, twice w.shape[1]), found {}",
+            "pre: expected shape {} ([R, 2F]: {rows}, twice w.shape[1]), found {}",
             fmt_shape(&[r, 2 * f]),
             fmt_shape(&pre.shape)
         )));
     }
     if scale.shape != [r] {
+        let per = match src {
+            None => "row of dy",
+            Some(_) => "routed row, R = len(src)",
+        };
         return Err(shape_err(format!(
-            "scale: expected shape [{r}] (one router weight per row of dy), found {}",
+            "scale: expected shape [{r}] (one router weight per {per}), found {}",
             fmt_shape(&scale.shape)
         )));
     }
-    let product = plan_packed(dy, &w.transposed(), Some(offs_len))?;
+    let rows = Layout::contiguous(&[r, d]);
+    let product = plan_packed(&rows, &w.transposed(), Some(offs_len))?;
     Ok(FusedDims {
         epilogue: Epilogue::DGated,
         product,
@@ -198,8 +226,15 @@ mod tests {
     #[test]
     fn dgated_product_and_outputs() {
         // dy [R=24, D=8], w [3, F=130, 8]: p = dy · w[g]ᵀ is [24, 130]
-        let d =
-            plan_dgated_mm(&c(&[24, 8]), &c(&[3, 130, 8]), &c(&[24, 260]), &c(&[24]), 3).unwrap();
+        let d = plan_dgated_mm(
+            &c(&[24, 8]),
+            &c(&[3, 130, 8]),
+            &c(&[24, 260]),
+            &c(&[24]),
+            None,
+            3,
+        )
+        .unwrap();
         assert_eq!(d.epilogue, Epilogue::DGated);
         let p = &d.product;
         assert_eq!(
@@ -209,21 +244,30 @@ mod tests {
         assert_eq!(d.f, 130);
         assert_eq!(d.out_shapes(), vec![[24, 260], [24, 130], [3, 24]]);
         // F a multiple of the chunk, and F = 0
-        let d = plan_dgated_mm(&c(&[5, 8]), &c(&[2, 128, 8]), &c(&[5, 256]), &c(&[5]), 2).unwrap();
+        let d = plan_dgated_mm(
+            &c(&[5, 8]),
+            &c(&[2, 128, 8]),
+            &c(&[5, 256]),
+            &c(&[5]),
+            None,
+            2,
+        )
+        .unwrap();
         assert_eq!(d.out_shapes()[2], [2, 5]);
-        let d = plan_dgated_mm(&c(&[5, 8]), &c(&[2, 0, 8]), &c(&[5, 0]), &c(&[5]), 2).unwrap();
+        let d =
+            plan_dgated_mm(&c(&[5, 8]), &c(&[2, 0, 8]), &c(&[5, 0]), &c(&[5]), None, 2).unwrap();
         assert_eq!(d.out_shapes(), vec![[5, 0], [5, 0], [0, 5]]);
     }
 
     #[test]
     fn dgated_errors_name_the_argument() {
         let msg = |dy: &[usize], w: &[usize], pre: &[usize], scale: &[usize], g| {
-            plan_dgated_mm(&c(dy), &c(w), &c(pre), &c(scale), g)
+            plan_dgated_mm(&c(dy), &c(w), &c(pre), &c(scale), None, g)
                 .unwrap_err()
                 .to_string()
         };
         let (dy, w, pre, s) = ([6, 8], [3, 4, 8], [6, 8], [6]);
-        assert!(plan_dgated_mm(&c(&dy), &c(&w), &c(&pre), &c(&s), 3).is_ok());
+        assert!(plan_dgated_mm(&c(&dy), &c(&w), &c(&pre), &c(&s), None, 3).is_ok());
         assert!(msg(&[6, 8, 1], &w, &pre, &s, 3).starts_with("dy: expected a 2-D tensor [R, D]"));
         assert!(msg(&dy, &[4, 8], &pre, &s, 3).starts_with("w: expected 3-D weights [G, F, D=8]"));
         assert!(
@@ -246,6 +290,75 @@ mod tests {
             msg(&dy, &w, &pre, &[6, 1], 3),
             "scale: expected shape [6] (one router weight per row of dy), found [6, 1]"
         );
+    }
+
+    #[test]
+    fn dgated_with_src_reads_the_routed_rows_of_dy() {
+        // dy [T=10, D=8] in token order, src [R=24]: the product is [R, F] over the routes
+        let src = c(&[24]);
+        let d = plan_dgated_mm(
+            &c(&[10, 8]),
+            &c(&[3, 130, 8]),
+            &c(&[24, 260]),
+            &c(&[24]),
+            Some(&src),
+            3,
+        )
+        .unwrap();
+        let p = &d.product;
+        assert_eq!(
+            (p.form, p.groups, p.m, p.n, p.k),
+            (Form::GroupedM, 3, 24, 130, 8)
+        );
+        assert_eq!(d.out_shapes(), vec![[24, 260], [24, 130], [3, 24]]);
+        // any number of token rows, none included
+        for t in [0, 1, 24, 100] {
+            let d = plan_dgated_mm(
+                &c(&[t, 8]),
+                &c(&[3, 4, 8]),
+                &c(&[6, 8]),
+                &c(&[6]),
+                Some(&c(&[6])),
+                3,
+            );
+            assert_eq!(d.unwrap().product.m, 6);
+        }
+    }
+
+    #[test]
+    fn dgated_with_src_errors_name_the_argument() {
+        let msg = |dy: &[usize], pre: &[usize], scale: &[usize], src: &[usize]| {
+            plan_dgated_mm(&c(dy), &c(&[3, 4, 8]), &c(pre), &c(scale), Some(&c(src)), 3)
+                .unwrap_err()
+                .to_string()
+        };
+        let (dy, pre, s, src) = ([10, 8], [6, 8], [6], [6]);
+        assert!(msg(&[10], &pre, &s, &src).starts_with(
+            "dy: expected a 2-D tensor [T, D] (the gradient of the down projection's output, the rows src indexes)"
+        ));
+        assert_eq!(
+            msg(&dy, &pre, &s, &[6, 1]),
+            "src: expected a 1-D tensor [R] (the row of dy of each routed row), found shape [6, 1]"
+        );
+        assert_eq!(
+            msg(&dy, &[10, 8], &s, &src),
+            "pre: expected shape [6, 8] ([R, 2F]: R = len(src), twice w.shape[1]), found [10, 8]"
+        );
+        assert_eq!(
+            msg(&dy, &pre, &[10], &src),
+            "scale: expected shape [6] (one router weight per routed row, R = len(src)), found [10]"
+        );
+        assert!(plan_dgated_mm(
+            &c(&[10, 7]),
+            &c(&[3, 4, 8]),
+            &c(&pre),
+            &c(&s),
+            Some(&c(&src)),
+            3
+        )
+        .unwrap_err()
+        .to_string()
+        .starts_with("w: expected 3-D weights [G, F, D=7]"));
     }
 
     #[test]

@@ -14,8 +14,9 @@
 //!   [`check_like_or_f32`]), `out=` ([`check_out`], [`check_out_dtype`],
 //!   [`check_disjoint`]), `out_dtype=` ([`resolve_out_dtype`]), the upstream gradient
 //!   ([`check_grad`]) and sequence lengths ([`check_len`]);
-//! - `packed`: the packed forms ([`Form`], [`plan_packed`]), the gathered product of the
-//!   MoE forward ([`plan_gather`]) and the backward's operands ([`backward_layouts`]);
+//! - `packed`: the packed forms ([`Form`], [`plan_packed`]), the gathered products of the
+//!   MoE layer ([`plan_gather`], [`plan_gather_k`]) and the backward's operands
+//!   ([`backward_layouts`]);
 //! - `offs`: `offs`'s shape and values ([`offs_len`], [`check_offs`]) and the clamp rule
 //!   the device follows instead ([`clamp_spans`]);
 //! - `list`: the list form ([`plan_list`]);
@@ -32,7 +33,9 @@ mod rows;
 pub use fused::{check_f32, plan_dgated_mm, plan_swiglu_mm, Epilogue, FusedDims, PARTIAL_COLS};
 pub use list::{plan_list, GroupDims};
 pub use offs::{check_offs, clamp_spans, index_error_pending, offs_error_pending, offs_len};
-pub use packed::{backward_layouts, plan_gather, plan_packed, transposed_grads, Form, PackedDims};
+pub use packed::{
+    backward_layouts, plan_gather, plan_gather_k, plan_packed, transposed_grads, Form, PackedDims,
+};
 pub use rows::{
     check_indices, plan_gather_sum, plan_row_dots, plan_scatter_rows, plan_swiglu,
     plan_swiglu_backward, RowsDims, RowsOp,

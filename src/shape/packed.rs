@@ -1,5 +1,6 @@
 //! The packed forms: which form two operands make, the output's shape, the gathered
-//! product of the MoE forward, and the backward's operands.
+//! products of the MoE layer (forward: GroupedM, weight gradients: GroupedK), and the
+//! backward's operands.
 //!
 //! | a | b | offs | out | [`Form`] |
 //! | --- | --- | --- | --- | --- |
@@ -211,6 +212,68 @@ pub fn plan_gather(x: &Layout, w: &Layout, src: &Layout, offs_len: usize) -> Res
     plan_packed(&Layout::contiguous(&[src.shape[0], k]), w, Some(offs_len))
 }
 
+/// The GroupedK product with gathered rows, the weight gradient of the MoE layer on
+/// tokens kept in token order: `out[g] = Σ a_rᵀ · b_r` over the routed rows `r` of group
+/// `g` (`offs` over the `R = len(src)` routed rows; rows past its last entry belong to no
+/// group), `[G, K, N]`, where routed row `r` reads `a_r = a[src[r]]`, `b_r = b[r]`, or with
+/// `gathered_b`, `a_r = a[r]`, `b_r = b[src[r]]`. `a [Ta, K]` and `b [Tb, N]` are 2-D; the
+/// operand read in order has exactly `R` rows, the gathered one any number (`src` values:
+/// the row ops' rule, [`super::check_indices`], not a shape rule). `offs_len`: the length
+/// of `offs` (1-D, checked by [`super::offs_len`]).
+///
+/// Returns the extents of the GroupedK product over the `R` routed rows that runs:
+/// `[K, R] · [R, N]` (`[G, K, N]`), or with `transposed` `[N, R] · [R, K]` (`[G, N, K]`,
+/// whose transposed view is the result).
+pub fn plan_gather_k(
+    a: &Layout,
+    b: &Layout,
+    src: &Layout,
+    offs_len: usize,
+    gathered_b: bool,
+    transposed: bool,
+) -> Result<PackedDims> {
+    let role = |gathered: bool, rows: &str, cols: &str| {
+        if gathered {
+            format!("[{rows}, {cols}] (the rows src indexes)")
+        } else {
+            format!("[R, {cols}] (one row per entry of src)")
+        }
+    };
+    for (name, l, gathered, rows, cols) in [
+        ("a", a, !gathered_b, "Ta", "K"),
+        ("b", b, gathered_b, "Tb", "N"),
+    ] {
+        if l.ndim() != 2 {
+            return Err(shape_err(format!(
+                "{name}: expected a 2-D tensor {}, found shape {}",
+                role(gathered, rows, cols),
+                fmt_shape(&l.shape)
+            )));
+        }
+    }
+    if src.ndim() != 1 {
+        return Err(shape_err(format!(
+            "src: expected a 1-D tensor [R] (the source row of each routed row), found shape {}",
+            fmt_shape(&src.shape)
+        )));
+    }
+    let r = src.shape[0];
+    let (name, in_order, cols) = if gathered_b {
+        ("a", a, "K")
+    } else {
+        ("b", b, "N")
+    };
+    if in_order.shape[0] != r {
+        return Err(shape_err(format!(
+            "{name}: expected shape [R={r}, {cols}] (R = len(src): one row per routed row), found {}",
+            fmt_shape(&in_order.shape)
+        )));
+    }
+    let rows = |l: &Layout| Layout::contiguous(&[r, l.shape[1]]);
+    let (first, second) = if transposed { (b, a) } else { (a, b) };
+    plan_packed(&rows(first).transposed(), &rows(second), Some(offs_len))
+}
+
 /// Which gradients `(dA, dB)` to compute transposed so that each has its operand's own
 /// layout: those of column-major operands (given as the caller received them, before
 /// any contiguous copy). torch's grouped_mm backward does the same, and autograd then
@@ -312,6 +375,73 @@ mod tests {
             msg(&[10, 4], &[3, 4, 5], &[24], 2),
             "w: expected shape [G=2, K=4, N] (G = len(offs)), found [3, 4, 5]"
         );
+    }
+
+    #[test]
+    fn gathered_k_product_is_grouped_k_over_the_routed_rows() {
+        // a [Ta=10, K=4] gathered through src [R=24], b [R, N=5] in order
+        let p = plan_gather_k(&c(&[10, 4]), &c(&[24, 5]), &c(&[24]), 3, false, false).unwrap();
+        assert_eq!(
+            (p.form, p.groups, p.m, p.n, p.k),
+            (Form::GroupedK, 3, 4, 5, 24)
+        );
+        assert_eq!((p.out_shape.clone(), p.offs_extent), (vec![3, 4, 5], 24));
+        // transposed: [N, R] · [R, K], whose transposed view is the [G, K, N] result
+        let p = plan_gather_k(&c(&[10, 4]), &c(&[24, 5]), &c(&[24]), 3, false, true).unwrap();
+        assert_eq!((p.form, p.m, p.n, p.k), (Form::GroupedK, 5, 4, 24));
+        assert_eq!(p.out_shape, vec![3, 5, 4]);
+        // gathered b: a [R, K] in order, b [Tb=7, N] any number of rows
+        let p = plan_gather_k(&c(&[24, 4]), &c(&[7, 5]), &c(&[24]), 2, true, false).unwrap();
+        assert_eq!(
+            (p.m, p.n, p.k, p.out_shape.clone()),
+            (4, 5, 24, vec![2, 4, 5])
+        );
+        let p = plan_gather_k(&c(&[24, 4]), &c(&[7, 5]), &c(&[24]), 2, true, true).unwrap();
+        assert_eq!(p.out_shape, vec![2, 5, 4]);
+        // nothing routed, no source rows, no groups: valid
+        let p = plan_gather_k(&c(&[0, 4]), &c(&[0, 5]), &c(&[0]), 0, false, false).unwrap();
+        assert_eq!((p.k, p.out_shape.clone()), (0, vec![0, 4, 5]));
+    }
+
+    #[test]
+    fn gathered_k_errors_name_the_argument() {
+        let msg = |a: &[usize], b: &[usize], src: &[usize], gathered_b| {
+            plan_gather_k(&c(a), &c(b), &c(src), 3, gathered_b, false)
+                .unwrap_err()
+                .to_string()
+        };
+        assert_eq!(
+            msg(&[10, 4, 1], &[24, 5], &[24], false),
+            "a: expected a 2-D tensor [Ta, K] (the rows src indexes), found shape [10, 4, 1]"
+        );
+        assert_eq!(
+            msg(&[10], &[7, 5], &[10], true),
+            "a: expected a 2-D tensor [R, K] (one row per entry of src), found shape [10]"
+        );
+        assert_eq!(
+            msg(&[10, 4], &[24], &[24], false),
+            "b: expected a 2-D tensor [R, N] (one row per entry of src), found shape [24]"
+        );
+        assert_eq!(
+            msg(&[24, 4], &[2, 7, 5], &[24], true),
+            "b: expected a 2-D tensor [Tb, N] (the rows src indexes), found shape [2, 7, 5]"
+        );
+        assert!(
+            msg(&[10, 4], &[24, 5], &[24, 1], false).starts_with("src: expected a 1-D tensor [R]")
+        );
+        assert_eq!(
+            msg(&[10, 4], &[23, 5], &[24], false),
+            "b: expected shape [R=24, N] (R = len(src): one row per routed row), found [23, 5]"
+        );
+        assert_eq!(
+            msg(&[10, 4], &[7, 5], &[24], true),
+            "a: expected shape [R=24, K] (R = len(src): one row per routed row), found [10, 4]"
+        );
+        // the gathered operand has any number of rows, the other exactly R
+        for t in [0, 1, 24, 100] {
+            assert!(plan_gather_k(&c(&[t, 4]), &c(&[24, 5]), &c(&[24]), 3, false, false).is_ok());
+            assert!(plan_gather_k(&c(&[24, 4]), &c(&[t, 5]), &c(&[24]), 3, true, false).is_ok());
+        }
     }
 
     #[test]
