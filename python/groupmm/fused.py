@@ -1,4 +1,4 @@
-"""The routed SwiGLU expert block as single operations (issues 13 and 22), so that the glue
+"""The routed SwiGLU expert block as custom ops (issues 13 and 22), so that the glue
 around the grouped GEMMs has one place to be fused into them:
 
 - :func:`expert_block`: the whole block, ``out[t] = sum_j weights[t, j] * y[inverse[t,
@@ -10,35 +10,52 @@ around the grouped GEMMs has one place to be fused into them:
 - :func:`expert_down`: its down half, ``out`` from ``act`` (down projection, router
   weights, combine).
 
-Each is one ``torch.library`` custom op (``torch.ops.groupmm.expert_block``,
-``expert_up``, ``expert_down``) with a fake kernel and an autograd formula, so
-``torch.compile(fullgraph=True)``, ``opcheck`` and double backward (through
-differentiable fallbacks) work, on CPU and CUDA.
+Each op (``torch.ops.groupmm.swiglu_up`` and ``gated_down``, which make
+:func:`expert_block`; ``expert_up``, ``expert_down``) is a ``torch.library`` custom op
+with a fake kernel and an autograd formula, so ``torch.compile(fullgraph=True)``,
+``opcheck`` and double backward (through differentiable fallbacks) work, on CPU and CUDA.
 
-What runs, in :func:`expert_block`:
+What runs, in :func:`expert_block` (two ops, split where SonicMoE splits the layer, so
+that autograd frees ``pre`` as soon as the down projection's backward is done):
 
-- forward: the up projection with SwiGLU as ONE native call, ``_native.swiglu_mm``
-  (``pre = x[src] @ w_in[g]`` and ``act = silu(gate) * up`` from the fp32 accumulators,
-  rows of ``x`` read through ``src``: on Hopper one kernel with a SwiGLU epilogue, no
-  ``[R, D]`` copy of ``x``); then the down projection (``grouped_mm``) and the weighted
-  combine (the row op ``gather_sum``).
-- backward: the upstream gradient copied to the routed rows (``scatter_rows``) and the
-  router weights scattered to a per-row fp32 ``scale``; then ONE native call,
-  ``_native.dgated_mm`` ("dgated": ``p = dy @ w_out[g]ᵀ`` with, in its epilogue, the
-  scale, dSwiGLU against the saved ``pre`` and the router-weight gradient as a per-row
-  reduction; ``p`` itself is never stored); then the three weight/input GEMMs: ``dw_out
-  = (scale·act)ᵀ·dy``, ``dx = sum_copies(dpre·w_inᵀ)``, ``dw_in = x[src]ᵀ·dpre``
-  (each weight gradient in its weight's own memory layout).
-- saved for the backward: ``x``, the weights, the indices, the router weights and
-  ``pre [R, 2F]`` only; not ``act``, not ``y``, not ``x[src]`` (``[R, D]``, ``R = T*k``):
-  that is the block's activation-memory advantage over the unfused layer.
+- op ``swiglu_up``, forward: the up projection with SwiGLU as ONE native call,
+  ``_native.swiglu_mm`` (``pre = x[src] @ w_in[g]`` and ``act = silu(gate) * up`` from
+  the fp32 accumulators, rows of ``x`` read through ``src``: on Hopper one kernel with a
+  SwiGLU epilogue, no ``[R, D]`` copy of ``x``). ``act`` is marked non-differentiable: it
+  is a cache of ``silu(gate) * up`` that the same kernel wrote, and ``gated_down``'s
+  backward returns the whole gradient of ``pre`` (the path through ``act`` included).
+  Saves ``x``, ``w_in`` and the indices, not ``pre``.
+- op ``gated_down``, forward: the down projection (``grouped_mm(act, w_out)``) and the
+  weighted combine (the row op ``gather_sum``). Saves ``pre``, ``w_out``, the indices and
+  the router weights, not ``act``.
+- backward of ``gated_down`` (autograd runs it first): the router weights scattered to a
+  per-row fp32 ``scale``, then op ``groupmm::dgated`` → ``_native.dgated_mm(d_out,
+  w_out, offs, pre, scale, src=src)`` ("dgated": ``p = dy @ w_out[g]ᵀ`` with row ``r``
+  of ``dy`` read as ``d_out[src[r]]``, and in its epilogue the scale, dSwiGLU against
+  ``pre`` and the router-weight gradient as a per-row reduction; neither ``dy`` nor
+  ``p`` is stored), giving ``d_pre``, ``act_s = scale·act`` and the rows' router-weight
+  gradients; then ``dw_out = act_sᵀ·d_out[src]`` as ``_native.gather_k_mm(act_s, d_out,
+  offs, src, gathered_b=True)`` (the varlen-K product reading ``d_out`` through ``src``).
+  When it returns, ``pre`` and ``act_s`` are freed.
+- backward of ``swiglu_up``: ``dx = sum_copies(d_pre·w_inᵀ)`` (the ``[R, D]`` product
+  freed at once), then ``dw_in = x[src]ᵀ·d_pre`` as ``_native.gather_k_mm(x, d_pre,
+  offs, src)`` (no ``x[src]`` copy). Weight gradients come in their weight's own memory
+  layout.
+
+Nothing of size ``[R, D]`` or ``[R, F]`` (``R = T*k``) is kept for the backward or made
+in it where the kernels run. At OLMoE sizes (D = 2048, F = 1024, T = 16384, k = 8, bf16:
+``pre``/``d_pre`` 512 MiB, ``act_s`` 256, ``dw_in`` 512, ``dw_out`` 256, ``d_out`` and
+``dx`` 64) the backward holds at most ``pre + d_pre + act_s + dw_out + d_out`` ≈ 1.6 GiB
+(while ``dw_out`` is computed), then ``d_pre + dw_out`` and one ``[R, D]`` product or
+``dw_in`` (≈ 1.3 GiB).
 
 Where the native functions have no kernel (CPU, GPUs before Hopper, float32/float64,
-unaligned sizes; they answer None) the same results are composed here from groupmm's
-plain parts (:func:`_swiglu_mm`, :func:`_dgated_mm`: the gathered product and the row op
-``swiglu``; a grouped product, SwiGLU and its gradient as row ops). Still open (issue
-22): ``dw_in`` reads ``x[src]`` as a gathered copy, not through the index inside the
-varlen-K GEMM.
+unaligned sizes; ``swiglu_mm``/``dgated_mm`` answer None, ``gather_k_mm`` gathers first)
+the same results are composed here from groupmm's plain parts (:func:`_swiglu_mm`,
+:func:`_dgated_mm`: the gathered product and the row op ``swiglu``; ``d_out``'s rows
+gathered, a grouped product, SwiGLU and its gradient as row ops). While autograd records
+a graph through the inputs (double backward) every formula is composed from
+differentiable ops (``_rows.differentiable``).
 
 :func:`expert_up` runs the same up projection (its op keeps ``pre`` and returns
 ``act``); :func:`expert_down` runs the down projection and combine with ``y`` kept for
@@ -87,29 +104,39 @@ def _swiglu_mm(x: Tensor, w: Tensor, offs: Tensor, src: Optional[Tensor]) -> Tup
 
 
 def _dgated_mm(
-    dy: Tensor, w_out: Tensor, offs: Tensor, pre: Tensor, scale: Tensor
+    dy: Tensor,
+    w_out: Tensor,
+    offs: Tensor,
+    pre: Tensor,
+    scale: Tensor,
+    src: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """``(dpre, act_s, row_grad)`` of the down projection's backward, with ``p = dy @
     w_out[g]ᵀ`` (``[R, F]``), ``s = scale`` (``[R]``, float32, float64 for float64) and
     ``[g | u] = pre``: ``dpre = swiglu_grad(s·p, pre)`` (``[R, 2F]``), ``act_s =
     s·silu(g)·u`` (``[R, F]``, the down projection's input scaled by the router weight)
     and ``row_grad[r] = sum_f p[r, f]·silu(g)·u`` (``[R]`` in ``scale``'s dtype: each
-    row's router-weight gradient). One native call where a fused kernel runs
-    (``_native.dgated_mm``, which never stores ``p``), else :func:`_dgated_composed`."""
+    row's router-weight gradient). With ``src``, ``dy`` is ``[T, D]`` and row ``r`` of
+    the product reads ``dy[src[r]]``. One native call where a fused kernel runs
+    (``_native.dgated_mm``, which stores neither ``p`` nor the gathered rows), else
+    ``dy``'s rows gathered (the row op ``gather_sum`` with ``src`` as a one-column index)
+    and :func:`_dgated_composed`."""
     if scale.dtype == torch.float32:  # the kernels' scale (float64 blocks: no kernel)
-        got = _native.dgated_mm(dy, w_out, offs, pre, scale)
+        got = _native.dgated_mm(dy, w_out, offs, pre, scale, src=src)
         if got is not None:
             dpre, act_s, partial = got  # partial: float32 [ceil(F/64), R] per column tile
             return dpre, act_s, partial.sum(0)
+    if src is not None:
+        dy = _rows.gather_sum(dy, src.reshape(-1, 1), None)
     return _dgated_composed(dy, w_out, offs, pre, scale)
 
 
 def _dgated_composed(
     dy: Tensor, w_out: Tensor, offs: Tensor, pre: Tensor, scale: Tensor
 ) -> Tuple[Tensor, Tensor, Tensor]:
-    """:func:`_dgated_mm` from plain parts: a grouped product, then SwiGLU and its
-    gradient (row ops; differentiable torch ops while autograd records a graph through
-    the inputs, i.e. double backward), the scale applied in ``scale``'s dtype."""
+    """:func:`_dgated_mm` from plain parts (``dy [R, D]``): a grouped product, then SwiGLU
+    and its gradient (row ops; differentiable torch ops while autograd records a graph
+    through the inputs, i.e. double backward), the scale applied in ``scale``'s dtype."""
     p = grouped_mm(dy, w_out.transpose(-2, -1), offs=offs)
     if _rows.differentiable(dy, w_out, pre, scale):
         act = swiglu(pre)
@@ -122,7 +149,7 @@ def _dgated_composed(
     return dpre, (act.to(acc) * s).to(act.dtype), row_grad
 
 
-def _dgated_fake(dy, w_out, offs, pre, scale):
+def _dgated_fake(dy, w_out, offs, pre, scale, src=None):
     rows, width = pre.shape
     return dy.new_empty(rows, width), dy.new_empty(rows, width // 2), scale.new_empty(rows)
 
@@ -131,11 +158,34 @@ def _dgated_fake(dy, w_out, offs, pre, scale):
 _dgated = _op("dgated", _dgated_mm, _dgated_fake)
 
 
+def _gather_k_mm(
+    a: Tensor, b: Tensor, offs: Tensor, src: Tensor, gathered_b: bool, transposed: bool
+) -> Tensor:
+    """``out[g] = sum_r a_rᵀ b_r`` over the rows ``r`` of group ``g`` (``[G, K, N]``),
+    with ``a_r = a[src[r]], b_r = b[r]``, or ``a_r = a[r], b_r = b[src[r]]`` with
+    ``gathered_b``: a weight gradient whose routed rows are read through ``src``
+    (``_native.gather_k_mm``: inside the varlen-K GEMM where a kernel does, no gathered
+    copy; gathered first elsewhere). ``transposed``: the values as the transposed view of
+    a contiguous ``[G, N, K]`` (a column-major weight's gradient, no transposed copy)."""
+    return _native.gather_k_mm(a, b, offs, src, gathered_b=gathered_b, transposed=transposed)
+
+
+def _gather_k_mm_fake(a, b, offs, src, gathered_b, transposed):
+    groups, k, n = offs.shape[0], a.shape[1], b.shape[1]
+    if transposed:
+        return a.new_empty(groups, n, k).transpose(-2, -1)
+    return a.new_empty(groups, k, n)
+
+
+#: op ``groupmm::gather_k_mm`` (no autograd formula: the arithmetic of the backwards)
+_gather_k = _op("gather_k_mm", _gather_k_mm, _gather_k_mm_fake)
+
+
 def _weight_grad(a: Tensor, grad: Tensor, offs: Tensor, w: Tensor) -> Tensor:
     """``aᵀ · grad`` per group of rows (``[E, K, N]`` from ``a [R, K]``, ``grad [R, N]``),
     in ``w``'s own layout: a column-major ``w`` (a transposed view of ``[E, N, K]``
     weights, as transformers stores them) gets ``(gradᵀ · a)ᵀ``, so its parameter's
-    gradient needs no transposed copy."""
+    gradient needs no transposed copy. Differentiable (the double-backward path)."""
     if column_major(w):
         return grouped_mm(grad.t(), a, offs=offs).transpose(-2, -1)
     return grouped_mm(a.t(), grad, offs=offs)
@@ -152,13 +202,17 @@ def _up_grads(
     need_w: bool,
 ) -> Tuple[Optional[Tensor], Optional[Tensor]]:
     """``(dx, dw)`` of ``pre = x[src] @ w[g]`` from ``d_pre``: each token's ``k`` rows of
-    ``d_pre·wᵀ`` summed through ``inverse``; ``x[src]ᵀ·d_pre`` (``x[src]`` gathered again
-    here, never kept)."""
+    ``d_pre·wᵀ`` summed through ``inverse`` (the ``[R, D]`` product freed before ``dw``
+    is made); ``x[src]ᵀ·d_pre`` with the rows of ``x`` read through ``src``
+    (:func:`_gather_k_mm`), or, while autograd records a graph, gathered by torch ops."""
     dx = dw = None
     if need_x:
         dx = sum_copies(grouped_mm(d_pre, w.transpose(-2, -1), offs=offs), inverse)
     if need_w:
-        dw = _weight_grad(x.index_select(0, src), d_pre, offs, w)
+        if _rows.differentiable(d_pre, x):
+            dw = _weight_grad(x.index_select(0, src), d_pre, offs, w)
+        else:
+            dw = _gather_k(x, d_pre, offs, src, False, column_major(w))
     return dx, dw
 
 
@@ -180,93 +234,117 @@ def _check_gate_up(name: str, w: Tensor) -> None:
         )
 
 
-# --------------------------------------------------------------------------- expert_block
+# --------------------------------------------------------------------------- swiglu_up
 
 
-@torch.library.custom_op("groupmm::expert_block", mutates_args=())
-def _expert_block(
-    x: Tensor,
-    w_in: Tensor,
+@torch.library.custom_op("groupmm::swiglu_up", mutates_args=())
+def _swiglu_up(
+    x: Tensor, w_in: Tensor, offs: Tensor, src: Tensor, inverse: Tensor
+) -> Tuple[Tensor, Tensor]:
+    return _swiglu_mm(x, w_in, offs, src)
+
+
+@_swiglu_up.register_fake
+def _swiglu_up_fake(x, w_in, offs, src, inverse):
+    rows, width = src.shape[0], w_in.shape[-1]
+    return x.new_empty(rows, width), x.new_empty(rows, width // 2)
+
+
+def _swiglu_up_setup(ctx, inputs, output):
+    x, w_in, offs, src, inverse = inputs
+    # not pre: gated_down keeps it and drops it after its backward, before this one runs
+    ctx.save_for_backward(x, w_in, offs, src, inverse)
+    # act: a cache of silu(gate)*up of pre; gated_down's backward returns pre's whole
+    # gradient, the path through act included
+    ctx.mark_non_differentiable(output[1])
+    ctx.set_materialize_grads(False)
+
+
+def _swiglu_up_grad(ctx, d_pre, d_act):
+    x, w_in, offs, src, inverse = ctx.saved_tensors
+    if d_pre is None:
+        return None, None, None, None, None
+    need_x, need_w_in = ctx.needs_input_grad[:2]
+    dx, dw_in = _up_grads(d_pre, x, w_in, offs, src, inverse, need_x, need_w_in)
+    return dx, dw_in, None, None, None
+
+
+_swiglu_up.register_autograd(_swiglu_up_grad, setup_context=_swiglu_up_setup)
+
+
+# --------------------------------------------------------------------------- gated_down
+
+
+@torch.library.custom_op("groupmm::gated_down", mutates_args=())
+def _gated_down(
+    pre: Tensor,
+    act: Tensor,
     w_out: Tensor,
     offs: Tensor,
     src: Tensor,
     inverse: Tensor,
     weights: Optional[Tensor],
-) -> Tuple[Tensor, Tensor]:
-    pre, act = _swiglu_mm(x, w_in, offs, src)
-    y = grouped_mm(act, w_out, offs=offs)
-    del act
-    return combine(y, inverse, weights), pre
+) -> Tensor:
+    return combine(grouped_mm(act, w_out, offs=offs), inverse, weights)
 
 
-@_expert_block.register_fake
-def _expert_block_fake(x, w_in, w_out, offs, src, inverse, weights):
-    return x.new_empty(inverse.shape[0], w_out.shape[-1]), x.new_empty(src.shape[0], w_in.shape[-1])
+@_gated_down.register_fake
+def _gated_down_fake(pre, act, w_out, offs, src, inverse, weights):
+    return act.new_empty(inverse.shape[0], w_out.shape[-1])
 
 
-def _expert_block_setup(ctx, inputs, output):
-    x, w_in, w_out, offs, src, inverse, weights = inputs
+def _gated_down_setup(ctx, inputs, output):
+    pre, act, w_out, offs, src, inverse, weights = inputs
     # the memory contract: pre and the inputs, nothing of size [R, D] or [R, F]
-    ctx.save_for_backward(x, w_in, w_out, offs, src, inverse, weights, output[1])
-    ctx.set_materialize_grads(False)  # pre has no gradient unless used: no zeros for it
+    ctx.save_for_backward(pre, w_out, offs, src, inverse, weights)
+    ctx.set_materialize_grads(False)
 
 
-def _down_grads(
-    d_out: Tensor,
-    w_out: Tensor,
-    offs: Tensor,
-    inverse: Tensor,
-    weights: Optional[Tensor],
-    pre: Tensor,
-    need_w_out: bool,
-    need_weights: bool,
-) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
-    """``(d_pre, dw_out, dweights)`` of the block from ``d_out [T, D]``: ``dy`` (each
-    routed row's copy of its token's gradient, unscaled), the per-row scale, then
-    :func:`_dgated_mm` (the op, or, while autograd records a graph, the differentiable
-    composition)."""
+def _gated_down_grad(ctx, d_out):
+    """``(d_pre, None, dw_out, None, None, None, dweights)``: ``d_pre`` is ``pre``'s whole
+    gradient (``act = silu(gate)·up`` of ``pre``: its path included), ``act`` gets none."""
+    pre, w_out, offs, src, inverse, weights = ctx.saved_tensors
+    need_pre, _, need_w_out, _, _, _, need_weights = ctx.needs_input_grad
+    need_weights = need_weights and weights is not None
+    if d_out is None or not (need_pre or need_w_out or need_weights):
+        return None, None, None, None, None, None, None
     rows = pre.shape[0]
     acc = torch.promote_types(pre.dtype, torch.float32)
-    dy = to_rows(d_out, inverse, None, rows)
+    d_out = d_out.contiguous()  # read twice below (e.g. the expanded ones of out.sum())
     if weights is None:
         scale = pre.new_ones(rows, dtype=acc)
     else:  # each row's router weight (rows no copy names: 0)
         scale = to_rows(d_out.new_ones(inverse.shape[0], 1, dtype=acc), inverse, weights, rows)
         scale = scale.view(rows)
-    if _rows.differentiable(d_out, w_out, pre, weights):
+    composed = _rows.differentiable(d_out, w_out, pre, weights)
+    dy = None
+    if composed:  # double backward: differentiable torch ops, dy copied to the rows
+        dy = to_rows(d_out, inverse, None, rows)
         d_pre, act_s, row_grad = _dgated_composed(dy, w_out, offs, pre, scale)
-    else:
-        d_pre, act_s, row_grad = _dgated(dy, w_out, offs, pre, scale)
+    else:  # dy never made: the products read d_out's rows through src
+        d_pre, act_s, row_grad = _dgated(d_out, w_out, offs, pre, scale, src)
     del scale
     dweights = None
-    if weights is not None and need_weights:
+    if need_weights:
         # dweights[t, j] = row_grad[inverse[t, j]]: combine's weight gradient, <grad, y>,
         # of the rows' own reductions against a gradient of ones
         ones = row_grad.new_ones(inverse.shape[0], 1)
         dweights = combine_backward(ones, row_grad.unsqueeze(1), inverse, weights, False, True)[1]
     del row_grad
-    dw_out = _weight_grad(act_s, dy, offs, w_out) if need_w_out else None
-    return d_pre, dw_out, dweights
+    dw_out = None
+    if need_w_out:
+        if composed:
+            dw_out = _weight_grad(act_s, dy, offs, w_out)
+        else:
+            dw_out = _gather_k(act_s, d_out, offs, src, True, column_major(w_out))
+    del act_s, dy
+    return (d_pre if need_pre else None), None, dw_out, None, None, None, dweights
 
 
-def _expert_block_grad(ctx, d_out, d_pre):
-    x, w_in, w_out, offs, src, inverse, weights, pre = ctx.saved_tensors
-    need_x, need_w_in, need_w_out, _, _, _, need_weights = ctx.needs_input_grad
-    need_weights = need_weights and weights is not None
-    dw_out = dweights = dpre = None
-    if d_out is not None and (need_x or need_w_in or need_w_out or need_weights):
-        dpre, dw_out, dweights = _down_grads(
-            d_out, w_out, offs, inverse, weights, pre, need_w_out, need_weights
-        )
-    if d_pre is not None:  # only when pre is used (double backward)
-        dpre = d_pre if dpre is None else dpre + d_pre
-    dx = dw_in = None
-    if dpre is not None:
-        dx, dw_in = _up_grads(dpre, x, w_in, offs, src, inverse, need_x, need_w_in)
-    return dx, dw_in, dw_out, None, None, None, dweights
+_gated_down.register_autograd(_gated_down_grad, setup_context=_gated_down_setup)
 
 
-_expert_block.register_autograd(_expert_block_grad, setup_context=_expert_block_setup)
+# --------------------------------------------------------------------------- expert_block
 
 
 def expert_block(
@@ -297,12 +375,13 @@ def expert_block(
         ``[T, D]`` in ``x``'s dtype, in token order. Rows past ``offs[-1]`` (e.g.
         expert-parallel placeholders) contribute nothing.
 
-    One op, ``torch.ops.groupmm.expert_block``; what runs and what the backward keeps:
-    the module docstring. :func:`groupmm._glue.routes` gives ``offs``/``src``/``inverse``
-    (``MoELayer`` calls this). An index out of range is an error: at once on the CPU, at
-    the device's next call on CUDA (no host sync); it is never read.
+    Two ops, ``torch.ops.groupmm.swiglu_up`` then ``gated_down``; what runs and what the
+    backward keeps: the module docstring. :func:`groupmm._glue.routes` gives
+    ``offs``/``src``/``inverse`` (``MoELayer`` calls this). An index out of range is an
+    error: at once on the CPU, at the device's next call on CUDA (no host sync); it is
+    never read.
     """
-    # before the op: its fake (torch.compile) checks nothing, the indices are converted
+    # before the ops: their fakes (torch.compile) check nothing, the indices are converted
     # to int32 before the native calls, only the backward reads some operands, and the
     # GEMMs would name w_in and w_out "w" and "b"
     check.dims("x", x, 2, "[T, D]")
@@ -322,7 +401,8 @@ def expert_block(
     if weights is not None:
         check.tensor("weights", weights)
         check.same_shape("weights", weights, "inverse", inverse)
-    return _expert_block(x, w_in, w_out, offs, src, inverse, weights)[0]
+    pre, act = _swiglu_up(x, w_in, offs, src, inverse)
+    return _gated_down(pre, act, w_out, offs, src, inverse, weights)
 
 
 # --------------------------------------------------------------------------- expert_up
@@ -381,7 +461,7 @@ def expert_up(x: Tensor, w: Tensor, offs: Tensor, src: Tensor, inverse: Tensor) 
 
     One op, ``torch.ops.groupmm.expert_up`` (the up projection and SwiGLU in one native
     call where a fused kernel runs; it keeps the pre-activation ``[R, 2F]`` for the
-    backward). :func:`expert_block` is the whole block in one op.
+    backward). :func:`expert_block` is the whole block (ops ``swiglu_up``, ``gated_down``).
     :func:`groupmm._glue.routes` gives ``src``/``inverse``. An index out of range is
     an error: at once on the CPU, at the device's next call on CUDA (no host sync).
     """

@@ -6,6 +6,8 @@ MoELayer(fused=True) against the unfused layer, and errors."""
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -13,6 +15,7 @@ from conftest import DEVICES, F64, HAS_CUDA, assert_close_rel
 from groupmm._glue import routes
 from groupmm.fused import expert_block, expert_down, expert_up
 from groupmm.moe import MoELayer
+from torch._dynamo.testing import AotEagerAndRecordGraphs
 
 
 def _setup(T=7, D=5, Fh=3, E=4, k=2, seed=0, device="cpu", dtype=F64, empty=(1,)):
@@ -302,6 +305,151 @@ def test_expert_block_weight_gradients_keep_a_transposed_layout():
     torch.testing.assert_close(p_out.grad, r_out.transpose(-2, -1))
 
 
+def _skewed_case(device="cpu", dtype=F64, major="row", seed=16):
+    """Skewed routing (every token's first copy to expert 0, most second copies to
+    expert 2, one to expert 5; experts 1 and 4 empty: T*k = 26 rows) with the weights
+    stored row-major, or (``major="column"``) as transformers stores them, ``[E, 2F, D]``
+    and ``[E, D, F]``, passed as transposed views. Returns the views the block takes and
+    their float64 row-major references, all requiring grad."""
+    T, D, Fh, E = 13, 6, 4, 6
+    gen = torch.Generator().manual_seed(seed)
+    second = torch.tensor([2 if t % 4 else 3 for t in range(T)])
+    second[-1] = 5
+    ids = torch.stack([torch.zeros(T, dtype=torch.long), second], 1)
+    x = torch.randn(T, D, generator=gen, dtype=F64)
+    w_in = torch.randn(E, D, 2 * Fh, generator=gen, dtype=F64) / D**0.5
+    w_out = torch.randn(E, Fh, D, generator=gen, dtype=F64) / Fh**0.5
+    weights = torch.rand(T, 2, generator=gen, dtype=F64)
+    refs = [t.clone().requires_grad_() for t in (x, w_in, w_out, weights)]
+    if major == "column":
+        stored = [w.transpose(-2, -1).contiguous().to(device, dtype) for w in (w_in, w_out)]
+        stored = [w.requires_grad_() for w in stored]
+        w_in, w_out = (w.transpose(-2, -1) for w in stored)
+    else:
+        w_in, w_out = (w.to(device, dtype).requires_grad_() for w in (w_in, w_out))
+    x, weights = (t.to(device, dtype).requires_grad_() for t in (x, weights))
+    return [x, w_in, w_out, weights], refs, ids, routes(ids.to(device), E)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [F64, torch.bfloat16])
+@pytest.mark.parametrize("major", ["row", "column"])
+def test_expert_block_gradients_skewed_routing_both_majors(device, dtype, major):
+    """The gradients of x, w_in, w_out and the router weights against the float64 loop,
+    with skewed routing, empty experts and either weight layout (a column-major weight's
+    gradient in its own layout)."""
+    (x, w_in, w_out, weights), refs, ids, r = _skewed_case(device, dtype, major)
+    out = expert_block(x, w_in, w_out, r.offs, r.src, r.inverse, weights)
+    ref = _reference(refs[0], ids, *refs[1:])
+    go = torch.randn(ref.shape, dtype=F64, generator=torch.Generator().manual_seed(17))
+    got = _block_grads(out, [x, w_in, w_out, weights], go.to(device, dtype))
+    want = _block_grads(ref, refs, go)
+    assert got[1].stride() == w_in.stride() and got[2].stride() == w_out.stride()
+    for name, g, w in zip(("x", "w_in", "w_out", "weights"), got, want):
+        assert g.dtype == dtype
+        if dtype == F64:
+            torch.testing.assert_close(g.cpu(), w, msg=name)
+        else:
+            assert_close_rel(g.cpu(), w, dtype, name)
+
+
+def test_expert_block_gradgradcheck_column_major_weights():
+    """Double backward through the differentiable compositions with column-major weights
+    (transposed views) and skewed routing, against gradcheck's finite differences."""
+    (x, w_in, w_out, weights), refs, ids, r = _skewed_case(major="column")
+    x, weights = x[:5].detach().requires_grad_(), weights[:5].detach().requires_grad_()
+    r = routes(ids[:5], 6)
+
+    def f(x, w_in, w_out, weights):
+        return expert_block(x, w_in, w_out, r.offs, r.src, r.inverse, weights)
+
+    inputs = (x, w_in, w_out, weights)
+    assert torch.autograd.gradcheck(f, inputs)
+    assert torch.autograd.gradgradcheck(f, inputs)
+
+
+def _graph_nodes(root):
+    """Every autograd node reachable from ``root``."""
+    seen, todo = [], [root]
+    while todo:
+        node = todo.pop()
+        if node is None or any(node is n for n in seen):
+            continue
+        seen.append(node)
+        todo.extend(n for n, _ in node.next_functions)
+    return seen
+
+
+def test_expert_block_saves_no_routed_rows_and_frees_pre_before_the_up_backward():
+    """The block's memory contract: its ops save nothing of size [R, D] or [R, F] and
+    [R, 2F] once (pre); pre is alive when the down projection's backward starts and
+    already released when the up projection's backward starts (its storage gone: only
+    gated_down kept it)."""
+    (x, w_in, w_out, weights), ids, r = _block_case(seed=15)
+    R, D, Fh = r.src.shape[0], x.shape[1], w_out.shape[1]
+    saved = []
+
+    def pack(t):
+        saved.append((tuple(t.shape), weakref.ref(t)))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = expert_block(x, w_in, w_out, r.offs, r.src, r.inverse, weights)
+    shapes = [shape for shape, _ in saved]
+    assert (R, D) not in shapes and (R, Fh) not in shapes
+    pre = [ref for shape, ref in saved if shape == (R, 2 * Fh)]
+    assert len(pre) == 1 and pre[0]() is not None
+    nodes = _graph_nodes(out.grad_fn)
+    down = [n for n in nodes if "gated_down" in n.name()]
+    up = [n for n in nodes if "swiglu_up" in n.name()]
+    assert len(down) == 1 and len(up) == 1 and down[0] is out.grad_fn
+    alive = {}
+    down[0].register_prehook(lambda grads: alive.__setitem__("down", pre[0]() is not None))
+    up[0].register_prehook(lambda grads: alive.__setitem__("up", pre[0]() is not None))
+    go = torch.randn(x.shape, dtype=F64)
+    out.backward(go)
+    assert alive == {"down": True, "up": False}
+    ref = [t.detach().clone().requires_grad_() for t in (x, w_in, w_out, weights)]
+    _reference(ref[0], ids, *ref[1:]).backward(go)
+    for name, got, want in zip(("x", "w_in", "w_out", "weights"), (x, w_in, w_out, weights), ref):
+        torch.testing.assert_close(got.grad, want.grad, msg=name)
+
+
+@pytest.mark.filterwarnings("ignore:Your compiler for AOTAutograd")
+def test_expert_block_compiled_graphs_keep_the_memory_contract():
+    """Under torch.compile(fullgraph=True) the forward graph runs the two ops and saves
+    nothing of size [R, D] or [R, F] (pre once); the backward graph runs dgated and the
+    two gathered weight gradients, and gathers no rows with torch ops."""
+    torch._dynamo.reset()
+    (x, w_in, w_out, weights), ids, r = _block_case(dtype=torch.float32, seed=18)
+    R, D, Fh = r.src.shape[0], x.shape[1], w_out.shape[1]
+    backend = AotEagerAndRecordGraphs()
+
+    def f(x, w_in, w_out, weights):
+        return expert_block(x, w_in, w_out, r.offs, r.src, r.inverse, weights)
+
+    compiled = torch.compile(f, fullgraph=True, backend=backend)
+    out = compiled(x, w_in, w_out, weights)
+    go = torch.randn(out.shape)
+    got = _block_grads(out, [x, w_in, w_out, weights], go)
+    want_out = f(x, w_in, w_out, weights)
+    want = _block_grads(want_out, [x, w_in, w_out, weights], go)
+    torch.testing.assert_close(out, want_out)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+    (fw,), (bw,) = backend.fw_graphs, backend.bw_graphs
+    fw_ops = [str(n.target) for n in fw.graph.nodes if n.op == "call_function"]
+    assert "groupmm.swiglu_up.default" in fw_ops and "groupmm.gated_down.default" in fw_ops
+    (result,) = [n for n in fw.graph.nodes if n.op == "output"]
+    shapes = [tuple(v.meta["val"].shape) for v in result.args[0][1:] if hasattr(v, "meta")]
+    assert (R, D) not in shapes and (R, Fh) not in shapes
+    assert shapes.count((R, 2 * Fh)) == 1
+    bw_ops = [str(n.target) for n in bw.graph.nodes if n.op == "call_function"]
+    assert bw_ops.count("groupmm.dgated.default") == 1
+    assert bw_ops.count("groupmm.gather_k_mm.default") == 2
+    assert "aten.index_select.default" not in bw_ops
+
+
 def _saved_sizes(fn):
     """Shapes of every tensor autograd saves while ``fn`` runs."""
     shapes = []
@@ -367,17 +515,33 @@ def test_expert_block_compiles_fullgraph(dynamic):
 
 
 def test_opcheck_expert_block():
+    """The block's two ops (swiglu_up, gated_down), with and without gradients, and the
+    backward's arithmetic ops (dgated, gather_k_mm: no autograd formulas)."""
     (x, w_in, w_out, weights), ids, r = _block_case(T=4, D=3, Fh=2, E=3, k=2, empty=())
-    for wts in (weights, None):
-        args = (x, w_in, w_out, r.offs, r.src, r.inverse, wts)
-        torch.library.opcheck(torch.ops.groupmm.expert_block.default, args)
+    up = torch.ops.groupmm.swiglu_up.default
+    down = torch.ops.groupmm.gated_down.default
     no_grad = [t.detach() for t in (x, w_in, w_out)]
-    torch.library.opcheck(torch.ops.groupmm.expert_block.default, (*no_grad, *args[3:]))
-    # the backward's "dgated" op (no autograd formula: the arithmetic of a backward)
+    for xs, wi in ((x, w_in), tuple(no_grad[:2])):
+        torch.library.opcheck(up, (xs, wi, r.offs, r.src, r.inverse))
+    pre, act = up(*no_grad[:2], r.offs, r.src, r.inverse)
+    assert pre.shape == (8, 4) and act.shape == (8, 2)
+    pre = pre.requires_grad_()  # act: non-differentiable (a cache of swiglu(pre))
+    for wts in (weights, None):
+        args = (pre, act, w_out, r.offs, r.src, r.inverse, wts)
+        torch.library.opcheck(down, args)
+    torch.library.opcheck(down, (pre.detach(), act, no_grad[2], *args[3:]))
+    # the backward's "dgated" op, routed rows given or read through src
     R = r.src.shape[0]
     dy, pre = torch.randn(R, 3, dtype=F64), torch.randn(R, 4, dtype=F64)
     scale = torch.rand(R, dtype=F64)
-    torch.library.opcheck(torch.ops.groupmm.dgated.default, (dy, no_grad[2], r.offs, pre, scale))
+    dgated = torch.ops.groupmm.dgated.default
+    torch.library.opcheck(dgated, (dy, no_grad[2], r.offs, pre, scale))
+    torch.library.opcheck(dgated, (x.detach(), no_grad[2], r.offs, pre, scale, r.src))
+    # the weight gradients on gathered rows, both layouts
+    gather_k = torch.ops.groupmm.gather_k_mm.default
+    for transposed in (False, True):
+        torch.library.opcheck(gather_k, (no_grad[0], pre, r.offs, r.src, False, transposed))
+        torch.library.opcheck(gather_k, (pre, no_grad[0], r.offs, r.src, True, transposed))
 
 
 def test_dgated_composition_against_its_formula():
@@ -429,8 +593,10 @@ def _stub_dgated_mm(calls):
     """A stand-in for the native "dgated" product, from its contract, with the router
     weight gradient split over two column tiles as the kernel's partial sums are."""
 
-    def dgated_mm(dy, w_out, offs, pre, scale):
+    def dgated_mm(dy, w_out, offs, pre, scale, src=None):
         calls.append("dgated_mm")
+        if src is not None:  # dy [T, D]: row r of the product reads dy[src[r]]
+            dy = dy[src.long()]
         assert scale.dtype == torch.float32 and scale.shape == (dy.shape[0],)
         Fh = w_out.shape[1]
         p = torch.zeros(dy.shape[0], Fh, dtype=torch.float32)
@@ -449,6 +615,37 @@ def _stub_dgated_mm(calls):
     return dgated_mm
 
 
+def _spy_src(dgated_mm, calls):
+    """Records the shape of ``dy`` when ``dgated_mm`` is asked to read it through src."""
+
+    def spy(dy, w_out, offs, pre, scale, src=None):
+        if src is not None:
+            calls.append(("dgated_mm", tuple(dy.shape)))
+        return dgated_mm(dy, w_out, offs, pre, scale, src)
+
+    return spy
+
+
+def _stub_gather_k_mm(calls):
+    """A stand-in for the native weight gradient on gathered rows, from its contract:
+    ``out[g] = sum_r a_r^T b_r`` with ``a_r = a[src[r]]`` (``b_r = b[src[r]]`` with
+    ``gathered_b``), in float64, laid out as asked."""
+
+    def gather_k_mm(a, b, offs, src, gathered_b=False, transposed=False):
+        calls.append(("gather_k_mm", "gathered_b" if gathered_b else "gathered_a"))
+        idx = src.long()
+        a_rows, b_rows = (a, b[idx]) if gathered_b else (a[idx], b)
+        out = torch.zeros(offs.shape[0], a.shape[1], b.shape[1], dtype=F64)
+        start = 0
+        for g, end in enumerate(offs.tolist()):
+            out[g] = a_rows[start:end].double().t() @ b_rows[start:end].double()
+            start = end
+        out = out.to(a.dtype)
+        return out.transpose(-2, -1).contiguous().transpose(-2, -1) if transposed else out
+
+    return gather_k_mm
+
+
 def test_expert_block_uses_the_native_fused_functions(monkeypatch):
     """Where the extension answers with a fused kernel's results (here stand-ins written
     from the contract), the block uses them, forward and backward, and gets the
@@ -457,12 +654,22 @@ def test_expert_block_uses_the_native_fused_functions(monkeypatch):
 
     calls: list = []
     monkeypatch.setattr(native, "swiglu_mm", _stub_swiglu_mm(calls))
-    monkeypatch.setattr(native, "dgated_mm", _stub_dgated_mm(calls))
+    monkeypatch.setattr(native, "dgated_mm", _spy_src(_stub_dgated_mm(calls), calls))
+    monkeypatch.setattr(native, "gather_k_mm", _stub_gather_k_mm(calls))
     (x, w_in, w_out, weights), ids, r = _block_case(dtype=torch.float32, seed=12)
     out = expert_block(x, w_in, w_out, r.offs, r.src, r.inverse, weights)
     go = torch.randn(x.shape)
     got = _block_grads(out, [x, w_in, w_out, weights], go)
-    assert calls == ["swiglu_mm", "dgated_mm"]
+    # dgated reads the upstream gradient [T, D] through src (no [R, D] copy of it); the
+    # weight gradients read their routed rows through src: dw_out (d_out's rows), dw_in
+    # (x's rows), in that order
+    assert calls == [
+        "swiglu_mm",
+        ("dgated_mm", tuple(x.shape)),
+        "dgated_mm",
+        ("gather_k_mm", "gathered_b"),
+        ("gather_k_mm", "gathered_a"),
+    ]
     refs = [t.detach().double().requires_grad_() for t in (x, w_in, w_out, weights)]
     ref = _reference(refs[0], ids, *refs[1:])
     assert_close_rel(out, ref, torch.float32, "out")
@@ -477,13 +684,16 @@ def test_expert_block_uses_the_native_fused_functions(monkeypatch):
     calls.clear()
     (x, w_in, w_out, weights), ids, r = _block_case(seed=12)
     expert_block(x, w_in, w_out, r.offs, r.src, r.inverse, weights).sum().backward()
-    assert calls == ["swiglu_mm"]
+    assert calls == ["swiglu_mm", ("gather_k_mm", "gathered_b"), ("gather_k_mm", "gathered_a")]
     # answers of None: composed
     monkeypatch.setattr(native, "swiglu_mm", lambda *a: None)
-    monkeypatch.setattr(native, "dgated_mm", lambda *a: None)
+    monkeypatch.setattr(native, "dgated_mm", lambda *a, **kw: None)
     (x, w_in, w_out, weights), ids, r = _block_case(dtype=torch.float32, seed=12)
     again = expert_block(x, w_in, w_out, r.offs, r.src, r.inverse, weights)
     assert_close_rel(again, ref, torch.float32, "composed out")
+    got = _block_grads(again, [x, w_in, w_out, weights], go)
+    for name, g, w in zip("x w_in w_out weights".split(), got, want):
+        assert_close_rel(g, w, torch.float32, "composed " + name)
 
 
 def test_native_fused_functions_answer_none_on_cpu():
@@ -498,6 +708,41 @@ def test_native_fused_functions_answer_none_on_cpu():
     pre = torch.randn(R, w_in.shape[-1], dtype=torch.bfloat16)
     scale = torch.rand(R)
     assert native.dgated_mm(dy, w_out, r.offs, pre, scale) is None
+    assert native.dgated_mm(x, w_out, r.offs, pre, scale, src=r.src) is None
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [F64, torch.float32, torch.bfloat16])
+def test_native_gather_k_mm_equals_reference(device, dtype):
+    """``_native.gather_k_mm`` (never None: on the CPU it gathers first): ``out[g] =
+    sum_r a_r^T b_r`` over group g's rows with a's (or, gathered_b, b's) rows read
+    through src, empty groups zero, both output layouts, against a float64 loop."""
+    import groupmm._native as native
+
+    gen = torch.Generator().manual_seed(19)
+    T, K, N, k = 9, 5, 6, 2
+    offs = torch.tensor([4, 4, 11, 18], dtype=torch.int32)
+    src = torch.randint(0, T, (T * k,), generator=gen)
+    tokens = torch.randn(T, K, generator=gen, dtype=F64)
+    rows = torch.randn(T * k, N, generator=gen, dtype=F64)
+    want = torch.zeros(4, K, N, dtype=F64)
+    start = 0
+    for g, end in enumerate(offs.tolist()):
+        for i in range(start, end):
+            want[g] += torch.outer(tokens[src[i]], rows[i])
+        start = end
+    tol = {} if dtype == F64 else dict(rtol=2e-2, atol=2e-2)
+    args = [t.to(device) for t in (offs, src)]
+    a, b = tokens.to(device, dtype), rows.to(device, dtype)
+    for transposed in (False, True):
+        got = native.gather_k_mm(a, b, args[0], args[1], transposed=transposed)
+        assert got.dtype == dtype and got.shape == (4, K, N)
+        assert (got.stride(-2) == 1) == transposed
+        torch.testing.assert_close(got.cpu().double(), want, **tol)
+        # gathered_b: a_r = b's rows, b_r = tokens[src[r]]: the transposed products
+        got = native.gather_k_mm(b, a, args[0], args[1], gathered_b=True, transposed=transposed)
+        assert got.shape == (4, N, K)
+        torch.testing.assert_close(got.cpu().double(), want.transpose(-2, -1), **tol)
 
 
 def test_expert_block_bad_arguments():
@@ -578,6 +823,15 @@ def test_native_fused_functions_run_on_hopper_bf16():
     dpre, act_s, partial = got
     assert dpre.shape == (R, 2 * Fh) and act_s.shape == (R, Fh)
     assert partial.dtype == torch.float32 and partial.shape == (-(-Fh // 64), R)
+    # with src: dy is the tokens' gradient [T, D], row r of the product reads dy[src[r]]
+    d_out = torch.randn(x.shape, device="cuda", dtype=torch.bfloat16)
+    pre = native.swiglu_mm(x.detach(), w_in.detach(), r.offs, r.src)[0]
+    routed = native.dgated_mm(d_out, w_out.detach(), r.offs, pre, scale, src=r.src)
+    copied = native.dgated_mm(d_out[r.src], w_out.detach(), r.offs, pre, scale)
+    assert isinstance(routed, tuple) and len(routed) == 3
+    for name, a, b in zip(("dpre", "act_s", "partial"), routed, copied):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        assert_close_rel(a.float(), b.float(), torch.bfloat16, name)
 
 
 @pytest.mark.cuda
@@ -597,7 +851,7 @@ def test_expert_block_cuda_fused_equals_composed(monkeypatch):
     for a, b in zip(fused, run()):
         assert torch.equal(a, b)
     monkeypatch.setattr(native, "swiglu_mm", lambda *a: None)
-    monkeypatch.setattr(native, "dgated_mm", lambda *a: None)
+    monkeypatch.setattr(native, "dgated_mm", lambda *a, **kw: None)
     composed = run()
     for name, a, b in zip("out x w_in w_out weights".split(), fused, composed):
         assert_close_rel(a, b, torch.bfloat16, name)
