@@ -42,8 +42,9 @@ that autograd frees ``pre`` as soon as the down projection's backward is done):
   offs, src)`` (no ``x[src]`` copy). Weight gradients come in their weight's own memory
   layout.
 
-Nothing of size ``[R, D]`` or ``[R, F]`` (``R = T*k``) is kept for the backward or made
-in it where the kernels run. At OLMoE sizes (D = 2048, F = 1024, T = 16384, k = 8, bf16:
+Nothing of size ``[R, D]`` or ``[R, F]`` (``R = T*k``) is kept for the backward; in it,
+where the kernels run, the only such tensors are ``dx``'s product and ``act_s``, each
+freed at once. At OLMoE sizes (D = 2048, F = 1024, T = 16384, k = 8, bf16:
 ``pre``/``d_pre`` 512 MiB, ``act_s`` 256, ``dw_in`` 512, ``dw_out`` 256, ``d_out`` and
 ``dx`` 64) the backward holds at most ``pre + d_pre + act_s + dw_out + d_out`` ≈ 1.6 GiB
 (while ``dw_out`` is computed), then ``d_pre + dw_out`` and one ``[R, D]`` product or
