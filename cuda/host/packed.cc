@@ -219,7 +219,7 @@ PackedSubmit submit_packed(const PackedRequest& r, uint64_t workspace, size_t wo
       throw std::runtime_error(
           "internal: gathered rows (fusion.src) need a GroupedM or GroupedK form");
     }
-    if (r.fusion.src_b && (r.form != Form::GroupedK || r.fusion.src == 0)) {
+    if (r.fusion.src_b && r.form != Form::GroupedK) {
       throw std::runtime_error("internal: gathered B rows (fusion.src_b) need the GroupedK form");
     }
     if (r.fusion.epilogue != Epilogue::Plain &&

@@ -28,29 +28,28 @@ that autograd frees ``pre`` as soon as the down projection's backward is done):
 - op ``gated_down``, forward: the down projection (``grouped_mm(act, w_out)``) and the
   weighted combine (the row op ``gather_sum``). Saves ``pre``, ``w_out``, the indices and
   the router weights, not ``act``.
-- backward of ``gated_down`` (autograd runs it first): the router weights scattered to a
-  per-row fp32 ``scale``, then op ``groupmm::dgated`` → ``_native.dgated_mm(d_out,
-  w_out, offs, pre, scale, src=src)`` ("dgated": ``p = dy @ w_out[g]ᵀ`` with row ``r``
-  of ``dy`` read as ``d_out[src[r]]``, and in its epilogue the scale, dSwiGLU against
-  ``pre`` and the router-weight gradient as a per-row reduction; neither ``dy`` nor
-  ``p`` is stored), giving ``d_pre``, ``act_s = scale·act`` and the rows' router-weight
-  gradients; then ``dw_out = act_sᵀ·d_out[src]`` as ``_native.gather_k_mm(act_s, d_out,
-  offs, src, gathered_b=True)`` (the varlen-K product reading ``d_out`` through ``src``).
-  When it returns, ``pre`` and ``act_s`` are freed.
+- backward of ``gated_down`` (autograd runs it first): ``dy`` (each routed row's copy of
+  its token's gradient, ``to_rows``) and the router weights scattered to a per-row fp32
+  ``scale``, then op ``groupmm::dgated`` → ``_native.dgated_mm(dy, w_out, offs, pre,
+  scale)`` ("dgated": ``p = dy @ w_out[g]ᵀ`` and in its epilogue the scale, dSwiGLU
+  against ``pre`` and the router-weight gradient as a per-row reduction; ``p`` is never
+  stored), giving ``d_pre``, ``act_s = scale·act`` and the rows' router-weight gradients;
+  then ``dw_out = act_sᵀ·dy``. When it returns, ``pre``, ``dy`` and ``act_s`` are freed.
+  (``dgated_mm`` and ``gather_k_mm`` can read ``d_out`` through ``src`` instead, with no
+  ``dy``; those kernels run only with ``GROUPMM_SM90_GATHER=1``, slower than the copy:
+  cuda/heuristics/choose.cc.)
 - backward of ``swiglu_up``: ``dx = sum_copies(d_pre·w_inᵀ)`` (the ``[R, D]`` product
   freed at once), then ``dw_in = x[src]ᵀ·d_pre`` as ``_native.gather_k_mm(x, d_pre,
-  offs, src)`` (no ``x[src]`` copy). Weight gradients come in their weight's own memory
-  layout.
+  offs, src)`` (``x``'s rows gathered first, or read through ``src`` in the GEMM with
+  ``GROUPMM_SM90_GATHER=1``). Weight gradients come in their weight's own memory layout.
 
-Nothing of size ``[R, D]`` or ``[R, F]`` (``R = T*k``) is kept for the backward; in it,
-where the kernels run, the only such tensors are ``dx``'s product and ``act_s``, each
-freed at once. At OLMoE sizes (D = 2048, F = 1024, T = 16384, k = 8, bf16:
-``pre``/``d_pre`` 512 MiB, ``act_s`` 256, ``dw_in`` 512, ``dw_out`` 256, ``d_out`` and
-``dx`` 64) the backward holds at most ``pre + d_pre + act_s + dw_out + d_out`` ≈ 1.6 GiB
-(while ``dw_out`` is computed), then ``d_pre + dw_out`` and one ``[R, D]`` product or
-``dw_in`` (≈ 1.3 GiB).
+Nothing of size ``[R, D]`` or ``[R, F]`` (``R = T*k``) is kept for the backward. At OLMoE
+sizes (D = 2048, F = 1024, T = 16384, k = 8, bf16: ``pre``/``d_pre``/``dy``/``x[src]``
+512 MiB each, ``act_s`` 256, ``dw_in`` 512, ``dw_out`` 256) the backward holds at most
+``pre + dy + d_pre + act_s + dw_out`` ≈ 2.0 GiB (while ``dw_out`` is computed), then,
+``pre`` freed, ``d_pre + dw_out`` and one ``[R, D]`` product or ``x[src]`` and ``dw_in``.
 
-Where the native functions have no kernel (CPU, GPUs before Hopper, float32/float64,
+Where no fused kernel runs (the CPU, other GPUs, fp32/fp64,
 unaligned sizes; ``swiglu_mm``/``dgated_mm`` answer None, ``gather_k_mm`` gathers first)
 the same results are composed here from groupmm's plain parts (:func:`_swiglu_mm`,
 :func:`_dgated_mm`: the gathered product and the row op ``swiglu``; ``d_out``'s rows
@@ -311,19 +310,20 @@ def _gated_down_grad(ctx, d_out):
         return None, None, None, None, None, None, None
     rows = pre.shape[0]
     acc = torch.promote_types(pre.dtype, torch.float32)
-    d_out = d_out.contiguous()  # read twice below (e.g. the expanded ones of out.sum())
     if weights is None:
         scale = pre.new_ones(rows, dtype=acc)
     else:  # each row's router weight (rows no copy names: 0)
         scale = to_rows(d_out.new_ones(inverse.shape[0], 1, dtype=acc), inverse, weights, rows)
         scale = scale.view(rows)
-    composed = _rows.differentiable(d_out, w_out, pre, weights)
-    dy = None
-    if composed:  # double backward: differentiable torch ops, dy copied to the rows
-        dy = to_rows(d_out, inverse, None, rows)
+    # dy, each routed row's copy of its token's gradient, is made once and read by both
+    # products: the kernels that read d_out through src (GROUPMM_SM90_GATHER=1) are slower
+    # than this copy plus the TMA kernels (cuda/heuristics/choose.cc), and each would gather
+    # it again where they do not run.
+    dy = to_rows(d_out, inverse, None, rows)
+    if _rows.differentiable(d_out, w_out, pre, weights):  # double backward
         d_pre, act_s, row_grad = _dgated_composed(dy, w_out, offs, pre, scale)
-    else:  # dy never made: the products read d_out's rows through src
-        d_pre, act_s, row_grad = _dgated(d_out, w_out, offs, pre, scale, src)
+    else:
+        d_pre, act_s, row_grad = _dgated(dy, w_out, offs, pre, scale)
     del scale
     dweights = None
     if need_weights:
@@ -332,12 +332,7 @@ def _gated_down_grad(ctx, d_out):
         ones = row_grad.new_ones(inverse.shape[0], 1)
         dweights = combine_backward(ones, row_grad.unsqueeze(1), inverse, weights, False, True)[1]
     del row_grad
-    dw_out = None
-    if need_w_out:
-        if composed:
-            dw_out = _weight_grad(act_s, dy, offs, w_out)
-        else:
-            dw_out = _gather_k(act_s, d_out, offs, src, True, column_major(w_out))
+    dw_out = _weight_grad(act_s, dy, offs, w_out) if need_w_out else None
     del act_s, dy
     return (d_pre if need_pre else None), None, dw_out, None, None, None, dweights
 
