@@ -104,30 +104,20 @@ def _swiglu_mm(x: Tensor, w: Tensor, offs: Tensor, src: Optional[Tensor]) -> Tup
 
 
 def _dgated_mm(
-    dy: Tensor,
-    w_out: Tensor,
-    offs: Tensor,
-    pre: Tensor,
-    scale: Tensor,
-    src: Optional[Tensor] = None,
+    dy: Tensor, w_out: Tensor, offs: Tensor, pre: Tensor, scale: Tensor
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """``(dpre, act_s, row_grad)`` of the down projection's backward, with ``p = dy @
     w_out[g]ᵀ`` (``[R, F]``), ``s = scale`` (``[R]``, float32, float64 for float64) and
     ``[g | u] = pre``: ``dpre = swiglu_grad(s·p, pre)`` (``[R, 2F]``), ``act_s =
     s·silu(g)·u`` (``[R, F]``, the down projection's input scaled by the router weight)
     and ``row_grad[r] = sum_f p[r, f]·silu(g)·u`` (``[R]`` in ``scale``'s dtype: each
-    row's router-weight gradient). With ``src``, ``dy`` is ``[T, D]`` and row ``r`` of
-    the product reads ``dy[src[r]]``. One native call where a fused kernel runs
-    (``_native.dgated_mm``, which stores neither ``p`` nor the gathered rows), else
-    ``dy``'s rows gathered (the row op ``gather_sum`` with ``src`` as a one-column index)
-    and :func:`_dgated_composed`."""
+    row's router-weight gradient). One native call where a fused kernel runs
+    (``_native.dgated_mm``, which never stores ``p``), else :func:`_dgated_composed`."""
     if scale.dtype == torch.float32:  # the kernels' scale (float64 blocks: no kernel)
-        got = _native.dgated_mm(dy, w_out, offs, pre, scale, src=src)
+        got = _native.dgated_mm(dy, w_out, offs, pre, scale)
         if got is not None:
             dpre, act_s, partial = got  # partial: float32 [ceil(F/64), R] per column tile
             return dpre, act_s, partial.sum(0)
-    if src is not None:
-        dy = _rows.gather_sum(dy, src.reshape(-1, 1), None)
     return _dgated_composed(dy, w_out, offs, pre, scale)
 
 
@@ -149,7 +139,7 @@ def _dgated_composed(
     return dpre, (act.to(acc) * s).to(act.dtype), row_grad
 
 
-def _dgated_fake(dy, w_out, offs, pre, scale, src=None):
+def _dgated_fake(dy, w_out, offs, pre, scale):
     rows, width = pre.shape
     return dy.new_empty(rows, width), dy.new_empty(rows, width // 2), scale.new_empty(rows)
 
