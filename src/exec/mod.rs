@@ -522,34 +522,35 @@ pub unsafe fn packed_gather_k<R: Runtime>(
     let (first, second, offs) = (&ops.t[0], &ops.t[1], ops.offs.as_ref());
     let src = contiguous_int32(rt, src)?;
     let o = into_target(rt, None, &plan.out_shape, a.dtype, a.device, |rt, c| {
-        if let Device::Cuda(_) = first.device {
-            // `a` is the transposed view of the row-major first operand (as the
-            // backward's dB = aᵀ·grad reads it); a gathered `b` is row-major too.
-            let x = cuda::row_major(rt, first)?;
-            let y = match src_b {
-                true => cuda::row_major(rt, second)?,
-                false => second.clone(),
-            };
-            let gather = cuda::Fusion {
-                src: Some(&src),
-                src_b,
-                ..cuda::Fusion::default()
-            };
-            // SAFETY: forwarded contract; `c` is a fresh output, `x` and `y` live (or
-            // copies the face keeps for the call).
-            if unsafe { cuda::packed(rt, &plan, &x.transposed(), &y, offs, &gather, c)? } {
-                return Ok(());
+        // The gathered operand, and the first one (read transposed, as the backward's
+        // dB = aᵀ·grad reads it), row-major as the kernels' `Fusion` wants them; the
+        // fallback below reads the same tensors (no second copy).
+        let (x, y) = match first.device {
+            Device::Cuda(_) => {
+                let x = cuda::row_major(rt, first)?;
+                let y = if src_b {
+                    cuda::row_major(rt, second)?
+                } else {
+                    second.clone()
+                };
+                let gather = cuda::Fusion {
+                    src: Some(&src),
+                    src_b,
+                    ..cuda::Fusion::default()
+                };
+                // SAFETY: forwarded contract; `c` is a fresh output, `x` and `y` live (or
+                // copies the face keeps for the call).
+                if unsafe { cuda::packed(rt, &plan, &x.transposed(), &y, offs, &gather, c)? } {
+                    return Ok(());
+                }
+                (x, y)
             }
-        }
-        // No kernel reads the rows through `src` here: gather them first.
-        let gathered = if src_b { second } else { first };
-        // SAFETY: forwarded contract; `src` contiguous int32.
-        let (_keep, rows) = unsafe { gather_rows(rt, gathered, &src)? };
-        let (x, y) = if src_b {
-            (first, &rows)
-        } else {
-            (&rows, second)
+            Device::Cpu => (first.clone(), second.clone()),
         };
+        // No kernel reads the rows through `src` here: gather them first.
+        // SAFETY: forwarded contract; `src` contiguous int32.
+        let (_keep, rows) = unsafe { gather_rows(rt, if src_b { &y } else { &x }, &src)? };
+        let (x, y) = if src_b { (&x, &rows) } else { (&rows, &y) };
         // SAFETY: as for `packed`; `rows` is alive until `_keep` drops, after the product.
         unsafe { run_packed(rt, &plan, &x.transposed(), y, offs, offs_vals.as_deref(), c) }
     })?;
