@@ -3,7 +3,7 @@ scripts/sanitize.sh): every form and dtype, forward and backward, the list form 
 smallest calls among them), K = 0, 16-bit groups at the varlen tile's boundaries, and bad
 offs (decreasing, negative, past the end) that must never read or write out of bounds;
 the MoE glue's row kernels (every op and dtype, vectorised and scalar widths, padding rows,
-out-of-range indices), the gathered product, and a fused MoE layer's forward and backward.
+out-of-range indices), the gathered products, and a fused MoE layer's forward and backward.
 
     compute-sanitizer --tool memcheck --error-exitcode 9 python3 tests/programs/sanitize_cases.py
 """
@@ -95,10 +95,21 @@ def main() -> int:
     return 0
 
 
+def _flagged(fn, *args, **kwargs) -> None:
+    """Runs ``fn(*args, **kwargs)`` (a call whose indices may be out of range), then takes
+    the deferred flag such an index raised, so that the next case starts clean."""
+    fn(*args, **kwargs)
+    torch.cuda.synchronize()
+    groupmm._native.take_offs_error(0)
+
+
 def gathered(dev) -> int:
-    """The gathered product (_native.gather_mm): groups around the 128-row tile, rows past
-    the last group, out-of-range and repeated indices, both weight majors; the gathering
-    varlen kernel under GROUPMM_SM90_GATHER=1 (sanitize.sh's "gather" path)."""
+    """The gathered products: ``_native.gather_mm`` (groups around the 128-row tile, rows
+    past the last group, both weight majors), the weight gradients on gathered rows
+    (``_native.gather_k_mm``: either operand gathered, both output layouts, token counts
+    around the 64-token k-block) and the dgated product reading ``dy`` through ``src``,
+    with repeated and out-of-range indices (reported through the deferred flag); the
+    gathering varlen kernels under GROUPMM_SM90_GATHER=1 (sanitize.sh's "gather" path)."""
     n = 0
     for dtype in (torch.bfloat16, torch.float16):
         sizes = [0, 1, 127, 128, 129, 0, 200]
@@ -110,15 +121,28 @@ def gathered(dev) -> int:
             torch.randn(len(sizes), K, N, device=dev, dtype=dtype),
             torch.randn(len(sizes), N, K, device=dev, dtype=dtype).transpose(1, 2),
         ):
-            groupmm._native.gather_mm(x, w, offs, index)
+            _flagged(groupmm._native.gather_mm, x, w, offs, index)
             n += 1
+        rows_k = torch.randn(R, K, device=dev, dtype=dtype)
+        rows_n = torch.randn(R, N, device=dev, dtype=dtype)
+        y = torch.randn(T, N, device=dev, dtype=dtype)
+        for transposed in (False, True):
+            _flagged(groupmm._native.gather_k_mm, x, rows_n, offs, index, False, transposed)
+            _flagged(groupmm._native.gather_k_mm, rows_k, y, offs, index, True, transposed)
+            n += 2
+        F = 64
+        w_out = torch.randn(len(sizes), F, N, device=dev, dtype=dtype)
+        pre = torch.randn(R, 2 * F, device=dev, dtype=dtype)
+        scale = torch.rand(R, device=dev)
+        _flagged(groupmm._native.dgated_mm, y, w_out, offs, pre, scale, src=index)
+        n += 1
     return n
 
 
 def moe_rows(dev) -> int:
     """The row ops of groupmm._rows and the fused expert ops, forward and backward."""
     from groupmm import _rows
-    from groupmm.fused import expert_down, expert_up
+    from groupmm.fused import expert_block, expert_down, expert_up
     from groupmm.moe import _routes
 
     n = 0
@@ -155,7 +179,10 @@ def moe_rows(dev) -> int:
         expert_up(x, w_in, r.offs, r.src, r.inverse), w_out, r.offs, r.inverse, weights
     )
     out.backward(torch.randn_like(out))
-    return n + 1
+    # the whole block: the SwiGLU and dgated epilogue kernels, dw_in through gather_k_mm
+    out = expert_block(x, w_in, w_out, r.offs, r.src, r.inverse, weights)
+    out.backward(torch.randn_like(out))
+    return n + 2
 
 
 if __name__ == "__main__":
