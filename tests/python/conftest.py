@@ -10,11 +10,18 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-import pytest
-import torch
+# torch.compile's on-disk caches (inductor's FX graph and AOT autograd caches under
+# /tmp/torchinductor_<user>) do not key on a custom op's Python body: a graph cached by
+# another build of groupmm (e.g. an op called with an argument it no longer takes) would
+# replay here. Each test session compiles into its own directory unless one is given.
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="groupmm-inductor-"))
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 from hypothesis import HealthCheck, settings
 
 # --------------------------------------------------------------------------- hypothesis
