@@ -52,10 +52,11 @@ def _weights(w: Optional[Tensor], rows: Tensor) -> Optional[Tensor]:
     return w.float()
 
 
-def _op(name: str, impl, fake):
-    """Registers ``impl`` as ``torch.ops.groupmm.<name>`` with ``fake`` and returns the
-    function the callers use: ``impl`` itself on plain eager tensors, the op otherwise."""
-    op = torch.library.custom_op(f"groupmm::{name}", mutates_args=())(impl)
+def _op(name: str, impl, fake, mutates=()):
+    """Registers ``impl`` as ``torch.ops.groupmm.<name>`` (writing the arguments named in
+    ``mutates``) with ``fake`` and returns the function the callers use: ``impl`` itself
+    on plain eager tensors, the op otherwise."""
+    op = torch.library.custom_op(f"groupmm::{name}", mutates_args=mutates)(impl)
     op.register_fake(fake)
 
     def call(*args):

@@ -69,7 +69,7 @@ through ``inverse``. The glue formulas (:func:`~groupmm._glue.sum_copies`,
 """
 
 # NB: no ``from __future__ import annotations``: torch.library reads the annotations.
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -78,7 +78,7 @@ from . import _checks as check
 from . import _native, _rows
 from ._api import grouped_mm
 from ._glue import combine, combine_backward, sum_copies, swiglu, swiglu_grad, to_rows
-from ._library import column_major
+from ._library import column_major, direct
 from ._rows import _op
 
 __all__ = ["expert_block", "expert_down", "expert_up", "swiglu_grad"]
@@ -106,15 +106,24 @@ def _swiglu_mm(x: Tensor, w: Tensor, offs: Tensor, src: Optional[Tensor]) -> Tup
 def _dgated_mm(
     dy: Tensor, w_out: Tensor, offs: Tensor, pre: Tensor, scale: Tensor
 ) -> Tuple[Tensor, Tensor, Tensor]:
+    """:func:`_dgated_run` into a fresh ``dpre``."""
+    return _dgated_run(dy, w_out, offs, pre, scale, None)
+
+
+def _dgated_run(
+    dy: Tensor, w_out: Tensor, offs: Tensor, pre: Tensor, scale: Tensor, out: Optional[Tensor]
+) -> Tuple[Tensor, Tensor, Tensor]:
     """``(dpre, act_s, row_grad)`` of the down projection's backward, with ``p = dy @
     w_out[g]ᵀ`` (``[R, F]``), ``s = scale`` (``[R]``, float32, float64 for float64) and
     ``[g | u] = pre``: ``dpre = swiglu_grad(s·p, pre)`` (``[R, 2F]``), ``act_s =
     s·silu(g)·u`` (``[R, F]``, the down projection's input scaled by the router weight)
     and ``row_grad[r] = sum_f p[r, f]·silu(g)·u`` (``[R]`` in ``scale``'s dtype: each
     row's router-weight gradient). One native call where a fused kernel runs
-    (``_native.dgated_mm``, which never stores ``p``), else :func:`_dgated_composed`."""
+    (``_native.dgated_mm``, which never stores ``p``; ``dpre`` written into ``out`` when
+    given, which may be ``pre`` itself), else :func:`_dgated_composed` (a fresh ``dpre``,
+    ``out`` untouched)."""
     if scale.dtype == torch.float32:  # the kernels' scale (float64 blocks: no kernel)
-        got = _native.dgated_mm(dy, w_out, offs, pre, scale)
+        got = _native.dgated_mm(dy, w_out, offs, pre, scale, None, out)
         if got is not None:
             dpre, act_s, partial = got  # partial: float32 [ceil(F/64), R] per column tile
             return dpre, act_s, partial.sum(0)
@@ -148,6 +157,43 @@ def _dgated_fake(dy, w_out, offs, pre, scale):
 _dgated = _op("dgated", _dgated_mm, _dgated_fake)
 
 
+def _dgated_over_pre(
+    dy: Tensor, w_out: Tensor, offs: Tensor, pre: Tensor, scale: Tensor
+) -> Tuple[Tensor, Tensor]:
+    """:func:`_dgated_run` with ``dpre`` written over ``pre`` (the backward's last read of
+    it, so that its ``[R, 2F]`` gradient takes no memory of its own): ``(act_s,
+    row_grad)``. In place in the DGated kernel (each tile reads its part of ``pre``
+    before writing the same part), else copied over it."""
+    dpre, act_s, row_grad = _dgated_run(dy, w_out, offs, pre, scale, pre)
+    if dpre is not pre:  # composed: a fresh dpre
+        pre.copy_(dpre)
+    elif direct(pre):  # the extension wrote it: autograd's record of the write
+        torch.autograd.graph.increment_version(pre)
+    return act_s, row_grad
+
+
+def _dgated_over_pre_fake(dy, w_out, offs, pre, scale):
+    rows, width = pre.shape
+    return dy.new_empty(rows, width // 2), scale.new_empty(rows)
+
+
+#: op ``groupmm::dgated_over_pre`` (writes ``pre``; used only where nothing reads ``pre``
+#: afterwards: :func:`_overwrites_pre`)
+_dgated_over = _op("dgated_over_pre", _dgated_over_pre, _dgated_over_pre_fake, ("pre",))
+
+
+def _overwrites_pre(own_pre: bool) -> bool:
+    """Whether ``gated_down``'s backward (not a double backward) may write ``pre``'s
+    gradient over ``pre``: the block owns ``pre`` (``expert_block``, which never hands it
+    out), no compiler tracing (inductor plans the backward's memory itself) and a graph
+    that autograd frees after this backward (``retain_graph=False``: nothing reads
+    ``pre`` again)."""
+    if not own_pre or torch.compiler.is_compiling():
+        return False
+    keep_graph = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
+    return keep_graph is not None and not keep_graph()
+
+
 def _gather_k_mm(
     a: Tensor, b: Tensor, offs: Tensor, src: Tensor, gathered_b: bool, transposed: bool
 ) -> Tensor:
@@ -156,8 +202,35 @@ def _gather_k_mm(
     ``gathered_b``: a weight gradient whose routed rows are read through ``src``
     (``_native.gather_k_mm``: inside the varlen-K GEMM where a kernel does, no gathered
     copy; gathered first elsewhere). ``transposed``: the values as the transposed view of
-    a contiguous ``[G, N, K]`` (a column-major weight's gradient, no transposed copy)."""
-    return _native.gather_k_mm(a, b, offs, src, gathered_b=gathered_b, transposed=transposed)
+    a contiguous ``[G, N, K]`` (a column-major weight's gradient, no transposed copy).
+
+    Where the rows are gathered first (no kernel reads them through ``src``: the default),
+    ``a``'s gathered copy is made one slab of its columns at a time (:func:`_slabs`), each
+    slab's product written in place into its rows of the output: the copy is never whole
+    (``[R, K / 2]`` at most, not ``[R, K]``), at the price of reading ``b`` once per
+    slab."""
+    if gathered_b:
+        return _native.gather_k_mm(a, b, offs, src, gathered_b=True, transposed=transposed)
+    groups, k, n = offs.shape[0], a.shape[1], b.shape[1]
+    if transposed:
+        out = a.new_empty(groups, n, k).transpose(-2, -1)
+    else:
+        out = a.new_empty(groups, k, n)
+    for c0, c1 in _slabs(k):
+        _native.gather_k_mm(a[:, c0:c1], b, offs, src, False, transposed, out[:, c0:c1])
+    return out
+
+
+def _slabs(width: int) -> List[Tuple[int, int]]:
+    """The column slabs of a gathered operand ``width`` wide: two, split at a multiple of
+    64 columns (the kernels' tile edge, 16-byte aligned) near the middle, when each is at
+    least 64 wide, else one. Two halve the gathered copy and read the other operand
+    twice: the dW product reads it from L2 within a slab, from memory across slabs (on
+    the H200 the second read hides under the tensor cores of the dW GEMM)."""
+    cut = (width // 2 + 63) // 64 * 64
+    if width < 128 or cut >= width:
+        return [(0, width)]
+    return [(0, cut), (cut, width)]
 
 
 def _gather_k_mm_fake(a, b, offs, src, gathered_b, transposed):
@@ -274,19 +347,23 @@ def _gated_down(
     src: Tensor,
     inverse: Tensor,
     weights: Optional[Tensor],
+    own_pre: bool = False,
 ) -> Tensor:
     return combine(grouped_mm(act, w_out, offs=offs), inverse, weights)
 
 
 @_gated_down.register_fake
-def _gated_down_fake(pre, act, w_out, offs, src, inverse, weights):
+def _gated_down_fake(pre, act, w_out, offs, src, inverse, weights, own_pre=False):
     return act.new_empty(inverse.shape[0], w_out.shape[-1])
 
 
 def _gated_down_setup(ctx, inputs, output):
-    pre, act, w_out, offs, src, inverse, weights = inputs
+    pre, act, w_out, offs, src, inverse, weights = inputs[:7]
     # the memory contract: pre and the inputs, nothing of size [R, D] or [R, F]
     ctx.save_for_backward(pre, w_out, offs, src, inverse, weights)
+    # own_pre: no one but this op reads pre (expert_block's), so its backward may write
+    # pre's gradient over it (_overwrites_pre)
+    ctx.own_pre = len(inputs) > 7 and bool(inputs[7])
     ctx.set_materialize_grads(False)
 
 
@@ -294,10 +371,12 @@ def _gated_down_grad(ctx, d_out):
     """``(d_pre, None, dw_out, None, None, None, dweights)``: ``d_pre`` is ``pre``'s whole
     gradient (``act = silu(gate)·up`` of ``pre``: its path included), ``act`` gets none."""
     pre, w_out, offs, src, inverse, weights = ctx.saved_tensors
-    need_pre, _, need_w_out, _, _, _, need_weights = ctx.needs_input_grad
-    need_weights = need_weights and weights is not None
+    need = ctx.needs_input_grad  # own_pre's entry only when it was passed
+    none = (None,) * len(need)
+    need_pre, need_w_out = need[0], need[2]
+    need_weights = need[6] and weights is not None
     if d_out is None or not (need_pre or need_w_out or need_weights):
-        return None, None, None, None, None, None, None
+        return none
     rows = pre.shape[0]
     acc = torch.promote_types(pre.dtype, torch.float32)
     if weights is None:
@@ -312,6 +391,9 @@ def _gated_down_grad(ctx, d_out):
     dy = to_rows(d_out, inverse, None, rows)
     if _rows.differentiable(d_out, w_out, pre, weights):  # double backward
         d_pre, act_s, row_grad = _dgated_composed(dy, w_out, offs, pre, scale)
+    elif _overwrites_pre(ctx.own_pre):
+        act_s, row_grad = _dgated_over(dy, w_out, offs, pre, scale)
+        d_pre = pre  # pre's gradient, where pre was
     else:
         d_pre, act_s, row_grad = _dgated(dy, w_out, offs, pre, scale)
     del scale
@@ -324,7 +406,8 @@ def _gated_down_grad(ctx, d_out):
     del row_grad
     dw_out = _weight_grad(act_s, dy, offs, w_out) if need_w_out else None
     del act_s, dy
-    return (d_pre if need_pre else None), None, dw_out, None, None, None, dweights
+    grads = (d_pre if need_pre else None), None, dw_out, None, None, None, dweights
+    return grads + none[7:]
 
 
 _gated_down.register_autograd(_gated_down_grad, setup_context=_gated_down_setup)
@@ -388,7 +471,8 @@ def expert_block(
         check.tensor("weights", weights)
         check.same_shape("weights", weights, "inverse", inverse)
     pre, act = _swiglu_up(x, w_in, offs, src, inverse)
-    return _gated_down(pre, act, w_out, offs, src, inverse, weights)
+    # pre is the block's own: gated_down's backward may write its gradient over it
+    return _gated_down(pre, act, w_out, offs, src, inverse, weights, True)
 
 
 # --------------------------------------------------------------------------- expert_up

@@ -87,10 +87,19 @@ pub unsafe fn swiglu_mm<R: Runtime>(
 /// `dy`'s dtype): `dpre` the gradient of `pre`, `act = scale * silu(gate) * up`, and
 /// `partial` the router weight's gradient of each row in 64-column partial sums. `None` on
 /// the CPU and where no kernel runs it (with `src`: after gathering the rows first, when
-/// no kernel reads them through `src`).
+/// no kernel reads them through `src`); then `out` is left as it was.
+///
+/// `out`, when given, receives `dpre` (checked as every output is, [`super::check_out`])
+/// and is returned in its place. It may be `pre` itself, exactly (same address and
+/// layout: [`shape::check_same_or_disjoint`]): the backward's last read of the
+/// pre-activation, so that its `[R, 2F]` gradient needs no memory of its own. The DGated
+/// epilogue allows it: each tile loads its own 64-column chunks of `pre` (rows of its
+/// group only) and stores `dpre` at the same chunks after that load completed, and no
+/// other tile reads them.
 ///
 /// # Safety
 /// As [`super::packed`].
+#[allow(clippy::too_many_arguments)]
 pub unsafe fn dgated_mm<R: Runtime>(
     rt: &mut R,
     dy: &Tensor,
@@ -99,6 +108,7 @@ pub unsafe fn dgated_mm<R: Runtime>(
     pre: &Tensor,
     scale: &Tensor,
     src: Option<&IntTensor>,
+    out: Option<super::Output<R::Out>>,
 ) -> Result<Option<[R::Out; 3]>> {
     shape::check_like("w", w.like(), "dy", dy.reference())?;
     if let Some(s) = src {
@@ -116,6 +126,16 @@ pub unsafe fn dgated_mm<R: Runtime>(
         src.map(|s| &s.layout),
         shape::offs_len(&offs.layout)?,
     )?;
+    let shapes = dims.out_shapes();
+    if let Some((_, t)) = &out {
+        let inputs = [("dy", dy), ("w", w), ("scale", scale)];
+        super::check_out("out", t, &shapes[0], dy.dtype, ("dy", dy), inputs)?;
+        let (o, p) = (
+            (t.ptr, &t.layout, t.byte_range()),
+            (pre.ptr, &pre.layout, pre.byte_range()),
+        );
+        shape::check_same_or_disjoint("out", o, "pre", p)?;
+    }
     if dy.device == Device::Cpu {
         return Ok(None);
     }
@@ -125,8 +145,15 @@ pub unsafe fn dgated_mm<R: Runtime>(
     let src = src.map(|s| contiguous_int32(rt, s)).transpose()?;
     let pre = contiguous(rt, pre)?;
     let scale = contiguous(rt, scale)?;
-    let shapes = dims.out_shapes();
-    let (dpre, dpre_t) = rt.alloc(&shapes[0], dy.dtype, dy.device)?;
+    // dpre's target: `out` where the kernels write it as it is (contiguous), else fresh
+    // (copied into `out` after the product, `into`)
+    let (dpre, dpre_t, into) = match out {
+        Some((o, t)) if super::writes_in_place(&t) => (o, t, None),
+        out => {
+            let (fresh, t) = rt.alloc(&shapes[0], dy.dtype, dy.device)?;
+            (fresh, t, out.map(|(o, _)| o))
+        }
+    };
     let (act, act_t) = rt.alloc(&shapes[1], dy.dtype, dy.device)?;
     let (partial, partial_t) = rt.alloc(&shapes[2], DType::F32, dy.device)?;
     let fusion = |src| cuda::Fusion {
@@ -142,20 +169,27 @@ pub unsafe fn dgated_mm<R: Runtime>(
     let (dy, wt, offs) = (&ops.t[0], &ops.t[1], ops.offs.as_ref());
     let (plan, asked) = (&dims.product, fusion(src.as_ref()));
     // SAFETY: forwarded contract; `pre` and `scale` contiguous (or copies the face keeps
-    // for the call), the outputs fresh and contiguous.
-    if unsafe { cuda::packed(rt, plan, dy, wt, offs, &asked, &dpre_t)? } {
-        return Ok(Some([dpre, act, partial]));
+    // for the call), the outputs contiguous: fresh, or `out`, which is `pre` itself or
+    // disjoint from every input (checked above).
+    let mut ran = unsafe { cuda::packed(rt, plan, dy, wt, offs, &asked, &dpre_t)? };
+    if let (false, Some(src)) = (ran, &src) {
+        // No kernel reads the rows through `src` inside this product: gather them first
+        // and ask for the epilogue alone.
+        // SAFETY: forwarded contract; `src` contiguous int32.
+        let (_keep, rows) = unsafe { super::gather_rows(rt, dy, src)? };
+        // SAFETY: as above; `rows` lives until `_keep` drops, after the call.
+        ran = unsafe { cuda::packed(rt, plan, &rows, wt, offs, &fusion(None), &dpre_t)? };
     }
-    let Some(src) = &src else {
+    if !ran {
         return Ok(None);
-    };
-    // No kernel reads the rows through `src` inside this product: gather them first and
-    // ask for the epilogue alone.
-    // SAFETY: forwarded contract; `src` contiguous int32.
-    let (_keep, rows) = unsafe { super::gather_rows(rt, dy, src)? };
-    // SAFETY: as above; `rows` lives until `_keep` drops, after the call.
-    let ran = unsafe { cuda::packed(rt, plan, &rows, wt, offs, &fusion(None), &dpre_t)? };
-    Ok(ran.then_some([dpre, act, partial]))
+    }
+    match into {
+        Some(o) => {
+            rt.copy_into(&o, &dpre)?;
+            Ok(Some([o, act, partial]))
+        }
+        None => Ok(Some([dpre, act, partial])),
+    }
 }
 
 #[cfg(test)]
@@ -214,7 +248,7 @@ mod tests {
     }
 
     fn down(dy: &Tensor, w: &Tensor, offs: &IntTensor, pre: &Tensor, s: &Tensor) -> Result<bool> {
-        unsafe { dgated_mm(&mut Untouched, dy, w, offs, pre, s, None) }.map(|o| o.is_some())
+        unsafe { dgated_mm(&mut Untouched, dy, w, offs, pre, s, None, None) }.map(|o| o.is_some())
     }
 
     fn down_src(
@@ -224,7 +258,8 @@ mod tests {
         (pre, s): (&Tensor, &Tensor),
         src: &IntTensor,
     ) -> Result<bool> {
-        unsafe { dgated_mm(&mut Untouched, dy, w, offs, pre, s, Some(src)) }.map(|o| o.is_some())
+        unsafe { dgated_mm(&mut Untouched, dy, w, offs, pre, s, Some(src), None) }
+            .map(|o| o.is_some())
     }
 
     #[track_caller]

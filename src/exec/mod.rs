@@ -479,7 +479,11 @@ pub unsafe fn packed_gather<R: Runtime>(
 /// `gathered_b`, `a_r = a[r]`, `b_r = b[src[r]]` (rule: [`shape::plan_gather_k`]). With
 /// `transposed`, the same values computed as `(Σ b_rᵀ · a_r)ᵀ`: the transposed view of a
 /// fresh contiguous `[G, N, K]` (the gradient of a column-major weight in its own layout,
-/// as [`packed_backward`] gives it).
+/// as [`packed_backward`] gives it). `out`, when given, is written instead of a fresh
+/// output (checked by [`check_out`]): in place wherever the kernels can describe it as
+/// row-major ([`writes_slab_in_place`]), so that a caller can fill a slab of a larger
+/// gradient (the MoE backward gathers `x` one slab of its columns at a time), else
+/// through a fresh output copied into it.
 ///
 /// On CUDA, one GroupedK request whose `Fusion` reads the routed rows through `src`
 /// (`src_b` when the gathered operand is the product's B); where the bridge answers
@@ -489,6 +493,7 @@ pub unsafe fn packed_gather<R: Runtime>(
 ///
 /// # Safety
 /// As [`packed`].
+#[allow(clippy::too_many_arguments)]
 pub unsafe fn packed_gather_k<R: Runtime>(
     rt: &mut R,
     a: &Tensor,
@@ -497,6 +502,7 @@ pub unsafe fn packed_gather_k<R: Runtime>(
     src: &IntTensor,
     gathered_b: bool,
     transposed: bool,
+    out: Option<Output<R::Out>>,
 ) -> Result<R::Out> {
     shape::check_like("b", b.like(), "a", a.reference())?;
     shape::check_like("src", (None, src.device), "a", a.reference())?;
@@ -509,6 +515,13 @@ pub unsafe fn packed_gather_k<R: Runtime>(
         gathered_b,
         transposed,
     )?;
+    if let Some((_, t)) = &out {
+        let mut shape = plan.out_shape.clone();
+        if transposed {
+            shape.swap(1, 2);
+        }
+        check_out("out", t, &shape, a.dtype, ("a", a), [("a", a), ("b", b)])?;
+    }
     // SAFETY: forwarded contract.
     let offs_vals = unsafe { host_offs(Some(offs), &plan)? };
     // The product that runs, `Σ first_rᵀ · second_r`; `src_b`: `src` indexes the rows of
@@ -521,7 +534,7 @@ pub unsafe fn packed_gather_k<R: Runtime>(
     let ops = Operands::prepare(rt, &[first, second], Some(offs))?;
     let (first, second, offs) = (&ops.t[0], &ops.t[1], ops.offs.as_ref());
     let src = contiguous_int32(rt, src)?;
-    let o = into_target(rt, None, &plan.out_shape, a.dtype, a.device, |rt, c| {
+    let run = |rt: &mut R, c: &Tensor| -> Result<()> {
         // The gathered operand, and the first one (read transposed, as the backward's
         // dB = aᵀ·grad reads it), row-major as the kernels' `Fusion` wants them; the
         // fallback below reads the same tensors (no second copy).
@@ -553,11 +566,47 @@ pub unsafe fn packed_gather_k<R: Runtime>(
         let (x, y) = if src_b { (&x, &rows) } else { (&rows, &y) };
         // SAFETY: as for `packed`; `rows` is alive until `_keep` drops, after the product.
         unsafe { run_packed(rt, &plan, &x.transposed(), y, offs, offs_vals.as_deref(), c) }
-    })?;
-    if transposed {
-        rt.transposed(o)
+    };
+    // The product's own target: `out` (transposed back when the product runs transposed)
+    // where the kernels write it as it is, else a fresh output.
+    let direct = out.as_ref().and_then(|(_, t)| {
+        let c = if transposed {
+            t.transposed()
+        } else {
+            t.clone()
+        };
+        writes_slab_in_place(&c).then_some(c)
+    });
+    let out = match (out, direct) {
+        (Some((o, _)), Some(c)) => {
+            run(rt, &c)?;
+            return Ok(o);
+        }
+        (out, _) => out,
+    };
+    let (fresh, c) = rt.alloc(&plan.out_shape, a.dtype, a.device)?;
+    run(rt, &c)?;
+    let fresh = if transposed {
+        rt.transposed(fresh)?
     } else {
-        Ok(o)
+        fresh
+    };
+    match out {
+        Some((o, _)) => {
+            rt.copy_into(&o, &fresh)?;
+            Ok(o)
+        }
+        None => Ok(fresh),
+    }
+}
+
+/// True when a GroupedK product writes `out` as it is: any layout on the CPU; on CUDA one
+/// the kernels describe as row-major ([`cuda::operand`]: unit column stride, rows and
+/// groups apart), e.g. a slab of the rows or columns of a larger contiguous gradient.
+fn writes_slab_in_place(out: &Tensor) -> bool {
+    match out.device {
+        Device::Cpu => true,
+        Device::Cuda(_) => cuda::operand(out).is_some_and(|o| !o.col_major),
     }
 }
 
@@ -1027,9 +1076,10 @@ mod tests {
             let bt = tensor(b.as_ptr() as usize, &[tb, n], DType::F64, cpu);
             let (offs, idx) = (index(&offs_v, cpu), index(&src, cpu));
             // SAFETY: live host arrays of the shapes described.
-            let out =
-                unsafe { packed_gather_k(&mut Host, &at, &bt, &offs, &idx, gathered_b, false) }
-                    .unwrap();
+            let out = unsafe {
+                packed_gather_k(&mut Host, &at, &bt, &offs, &idx, gathered_b, false, None)
+            }
+            .unwrap();
             let expect = reference((&a, k), (&b, n), &ends, &src, gathered_b);
             assert_eq!(out.len(), expect.len());
             for (o, e) in out.iter().zip(&expect) {
@@ -1046,12 +1096,72 @@ mod tests {
     }
 
     #[test]
+    fn gather_k_writes_a_slab_of_a_larger_output_in_place() {
+        // out: rows 1..1+k of each group's [k+2, n] block (strides [(k+2)n, n, 1]); the
+        // rows around the slab keep their sentinel
+        let (k, n, t) = (3usize, 2usize, 5usize);
+        let src = [4i32, 0, 0, 2, 1, 3];
+        let ends = [2i32, 2, 6];
+        let (r, cpu, g) = (src.len(), Device::Cpu, ends.len());
+        let a: Vec<f64> = (0..t * k).map(|i| (i as f64 * 0.29).cos()).collect();
+        let b: Vec<f64> = (0..r * n).map(|i| (i as f64 * 0.41).sin()).collect();
+        let mut big = vec![7.0f64; g * (k + 2) * n];
+        let at = tensor(a.as_ptr() as usize, &[t, k], DType::F64, cpu);
+        let bt = tensor(b.as_ptr() as usize, &[r, n], DType::F64, cpu);
+        let slab = Tensor {
+            layout: Layout {
+                shape: vec![g, k, n],
+                strides: vec![((k + 2) * n) as isize, n as isize, 1],
+            },
+            ..tensor(
+                big.as_mut_ptr() as usize + n * 8,
+                &[g, k, n],
+                DType::F64,
+                cpu,
+            )
+        };
+        let (offs, idx) = (index(&ends, cpu), index(&src, cpu));
+        // SAFETY: live host arrays of the shapes described; `big` outlives the call.
+        let o = unsafe {
+            packed_gather_k(
+                &mut Host,
+                &at,
+                &bt,
+                &offs,
+                &idx,
+                false,
+                false,
+                Some((vec![-1.0], slab)),
+            )
+        }
+        .unwrap();
+        assert_eq!(o, vec![-1.0], "out's own object comes back");
+        let expect = reference((&a, k), (&b, n), &ends, &src, false);
+        for gi in 0..g {
+            for row in 0..k + 2 {
+                for j in 0..n {
+                    let got = big[(gi * (k + 2) + row) * n + j];
+                    let want = match row {
+                        0 => 7.0,
+                        _ if row == k + 1 => 7.0,
+                        _ => expect[(gi * k + row - 1) * n + j],
+                    };
+                    assert!(
+                        (got - want).abs() <= 1e-12,
+                        "group {gi} row {row}: {got} != {want}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
     fn gather_k_errors_name_the_argument() {
         let (a, b, src, ends) = ([0.0f64; 12], [0.0f64; 8], [0i32, 1, 2, 3], [4i32]);
         let cpu = Device::Cpu;
         let run = |a: &Tensor, b: &Tensor, offs: &IntTensor, src: &IntTensor| {
             // SAFETY: live host arrays; the errors come before anything is read.
-            unsafe { packed_gather_k(&mut Host, a, b, offs, src, false, false) }
+            unsafe { packed_gather_k(&mut Host, a, b, offs, src, false, false, None) }
                 .map(|_| ())
                 .unwrap_err()
                 .to_string()

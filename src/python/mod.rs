@@ -177,9 +177,11 @@ fn gather_mm<'py>(
 /// The GroupedK product with gathered rows (`exec::packed_gather_k`): `out[g] = Σ a_rᵀ @
 /// b_r` over the routed rows `r` of group `g`, with `a_r = a[src[r]]`, `b_r = b[r]` (or,
 /// `gathered_b`, `a_r = a[r]`, `b_r = b[src[r]]`); `transposed`: the transposed view of a
-/// fresh `[G, N, K]`.
+/// fresh `[G, N, K]`; `out`: written instead (`[G, K, N]`, any strides; in place where
+/// the kernels can, e.g. a slab of a larger gradient) and returned.
 #[pyfunction]
-#[pyo3(signature = (a, b, offs, src, gathered_b=false, transposed=false))]
+#[pyo3(signature = (a, b, offs, src, gathered_b=false, transposed=false, out=None))]
+#[allow(clippy::too_many_arguments)]
 fn gather_k_mm<'py>(
     py: Python<'py>,
     a: &Bound<'py, PyAny>,
@@ -188,6 +190,7 @@ fn gather_k_mm<'py>(
     src: &Bound<'py, PyAny>,
     gathered_b: bool,
     transposed: bool,
+    out: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     guard(|| {
         let mut rt = PyRuntime::new(py);
@@ -195,8 +198,9 @@ fn gather_k_mm<'py>(
         let b = rt.input(&"b", b)?;
         let offs = required_offs(&mut rt, offs)?;
         let src = rt.index("src", src)?;
+        let out = not_none(out).map(|o| rt.output(&"out", o)).transpose()?;
         // SAFETY: as in gather_mm.
-        unsafe { exec::packed_gather_k(&mut rt, &a, &b, &offs, &src, gathered_b, transposed) }
+        unsafe { exec::packed_gather_k(&mut rt, &a, &b, &offs, &src, gathered_b, transposed, out) }
             .map_err(|e| rt.raise(e))
     })
 }
@@ -240,9 +244,13 @@ fn swiglu_mm<'py>(
 /// The fused backward of a routed SwiGLU expert's down projection
 /// (`exec::fused::dgated_mm`): `(dpre, act, partial)`, or `None` where no fused kernel
 /// runs (CPU, or `Unsupported`). With `src`, `dy` is in token order and row `r` of the
-/// product reads `dy[src[r]]`.
+/// product reads `dy[src[r]]`. `out`: `dpre` is written there instead (`[R, 2F]` of `dy`'s
+/// dtype) and returned as the first item; it may be `pre` itself (the backward's last read
+/// of it: each tile reads its part of `pre` before writing the same part), not otherwise
+/// overlap an input.
 #[pyfunction]
-#[pyo3(signature = (dy, w, offs, pre, scale, src=None))]
+#[pyo3(signature = (dy, w, offs, pre, scale, src=None, out=None))]
+#[allow(clippy::too_many_arguments)]
 fn dgated_mm<'py>(
     py: Python<'py>,
     dy: &Bound<'py, PyAny>,
@@ -251,6 +259,7 @@ fn dgated_mm<'py>(
     pre: &Bound<'py, PyAny>,
     scale: &Bound<'py, PyAny>,
     src: Option<&Bound<'py, PyAny>>,
+    out: Option<&Bound<'py, PyAny>>,
 ) -> Fused<(Obj<'py>, Obj<'py>, Obj<'py>)> {
     guard(|| {
         let mut rt = PyRuntime::new(py);
@@ -260,10 +269,12 @@ fn dgated_mm<'py>(
         let pre = rt.input(&"pre", pre)?;
         let scale = rt.input(&"scale", scale)?;
         let src = not_none(src).map(|s| rt.index("src", s)).transpose()?;
+        let out = not_none(out).map(|o| rt.output(&"out", o)).transpose()?;
         // SAFETY: as in swiglu_mm.
-        let r =
-            unsafe { exec::fused::dgated_mm(&mut rt, &dy, &w, &offs, &pre, &scale, src.as_ref()) }
-                .map_err(|e| rt.raise(e))?;
+        let r = unsafe {
+            exec::fused::dgated_mm(&mut rt, &dy, &w, &offs, &pre, &scale, src.as_ref(), out)
+        }
+        .map_err(|e| rt.raise(e))?;
         Ok(r.map(|[dpre, act, partial]| (dpre, act, partial)))
     })
 }

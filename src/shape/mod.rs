@@ -225,6 +225,26 @@ pub fn check_disjoint(
     Ok(())
 }
 
+/// An output that may be the input `other` itself (same address and layout: an
+/// operation that overwrites what it has read, element by element) but must not
+/// otherwise share memory with it. `(address, layout, byte range)` of each.
+pub fn check_same_or_disjoint(
+    arg: impl Display,
+    out: (usize, &Layout, (usize, usize)),
+    other: impl Display,
+    input: (usize, &Layout, (usize, usize)),
+) -> Result<()> {
+    if out.0 == input.0 && out.1 == input.1 {
+        return Ok(());
+    }
+    if out.2 .0 < input.2 .1 && input.2 .0 < out.2 .1 {
+        return Err(Error::Value(format!(
+            "{arg}: must be {other} itself (same address, shape and strides) or not share memory with it"
+        )));
+    }
+    Ok(())
+}
+
 /// Names an element of a sequence argument in messages, e.g. `As[3]`, without
 /// formatting anything unless a message is written.
 #[derive(Debug, Clone, Copy)]
@@ -238,6 +258,24 @@ impl Display for Item {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_output_is_its_input_exactly_or_apart_from_it() {
+        let l = Layout::contiguous(&[4, 8]);
+        let other = Layout::contiguous(&[8, 4]);
+        let at = |p: usize, l: &Layout| (p, l.clone(), (p, p + 4 * 8 * 2));
+        let check = |o: &(usize, Layout, (usize, usize)), i: &(usize, Layout, (usize, usize))| {
+            check_same_or_disjoint("out", (o.0, &o.1, o.2), "pre", (i.0, &i.1, i.2))
+        };
+        let pre = at(4096, &l);
+        assert!(check(&at(4096, &l), &pre).is_ok(), "pre itself");
+        assert!(check(&at(8192, &l), &pre).is_ok(), "apart");
+        let msg = |r: Result<()>| r.unwrap_err().to_string();
+        let want =
+            "out: must be pre itself (same address, shape and strides) or not share memory with it";
+        assert_eq!(msg(check(&at(4096 + 16, &l), &pre)), want, "shifted");
+        assert_eq!(msg(check(&at(4096, &other), &pre)), want, "another layout");
+    }
+
     use super::*;
 
     fn c(shape: &[usize]) -> Layout {

@@ -216,6 +216,36 @@ def test_expert_block_equals_reference(device, dtype, weighted):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [F64, torch.bfloat16])
+@pytest.mark.parametrize("column_major", [False, True])
+def test_expert_block_wide_tokens_and_a_retained_graph(device, dtype, column_major):
+    """D = 200: dw_in from x gathered one column slab at a time (two slabs, split at 128),
+    into both layouts of w_in (a column-major w_in, transformers' [E, 2F, D] storage,
+    gets its gradient in its own layout); and a retained graph: the backward that writes
+    pre's gradient over pre must not do so when autograd keeps the graph, so a second
+    backward gets the same gradients."""
+    from groupmm.fused import _slabs
+
+    assert _slabs(200) == [(0, 128), (128, 200)] and _slabs(127) == [(0, 127)]
+    assert _slabs(2880) == [(0, 1472), (1472, 2880)] and _slabs(2048) == [(0, 1024), (1024, 2048)]
+    (x, w_in, w_out, weights), ids, r = _block_case(D=200, Fh=4, device=device, dtype=dtype)
+    if column_major:
+        w_in = w_in.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_()
+    refs = [t.detach().double().requires_grad_() for t in (x, w_in, w_out, weights)]
+    ref = _reference(refs[0], ids, *refs[1:])
+    go = torch.randn(ref.shape, dtype=F64, generator=torch.Generator().manual_seed(4))
+    want = _block_grads(ref, refs, go.to(device))
+    inputs = [x, w_in, w_out, weights]
+    out = expert_block(x, w_in, w_out, r.offs, r.src, r.inverse, weights)
+    first = torch.autograd.grad(out, inputs, go.to(device, dtype), retain_graph=True)
+    second = torch.autograd.grad(out, inputs, go.to(device, dtype))
+    for name, g1, g2, w in zip(("x", "w_in", "w_out", "weights"), first, second, want):
+        assert torch.equal(g1, g2), f"{name}: the second backward differs"
+        assert_close_rel(g1, w, dtype, name)
+    assert first[1].stride() == w_in.stride(), "w_in's gradient in w_in's own layout"
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("weighted", [True, False])
 def test_expert_block_gradcheck_and_gradgradcheck(device, weighted):
     (x, w_in, w_out, weights), ids, r = _block_case(
@@ -592,8 +622,10 @@ def _stub_dgated_mm(calls):
     """A stand-in for the native "dgated" product, from its contract, with the router
     weight gradient split over two column tiles as the kernel's partial sums are."""
 
-    def dgated_mm(dy, w_out, offs, pre, scale, src=None):
-        calls.append("dgated_mm")
+    def dgated_mm(dy, w_out, offs, pre, scale, src=None, out=None):
+        calls.append(
+            "dgated_mm" if out is None else ("dgated_mm", "over pre" if out is pre else "out")
+        )
         if src is not None:  # dy [T, D]: row r of the product reads dy[src[r]]
             dy = dy[src.long()]
         assert scale.dtype == torch.float32 and scale.shape == (dy.shape[0],)
@@ -609,6 +641,8 @@ def _stub_dgated_mm(calls):
         act = F.silu(gate) * up
         dots = p * act
         partial = torch.stack([dots[:, :1].sum(1), dots[:, 1:].sum(1)])
+        if out is not None:  # the contract: dpre written into out, out returned
+            dpre = out.copy_(dpre)
         return dpre.to(dy.dtype), (s * act).to(dy.dtype), partial
 
     return dgated_mm
@@ -619,17 +653,20 @@ def _stub_gather_k_mm(calls):
     ``out[g] = sum_r a_r^T b_r`` with ``a_r = a[src[r]]`` (``b_r = b[src[r]]`` with
     ``gathered_b``), in float64, laid out as asked."""
 
-    def gather_k_mm(a, b, offs, src, gathered_b=False, transposed=False):
+    def gather_k_mm(a, b, offs, src, gathered_b=False, transposed=False, out=None):
         calls.append(("gather_k_mm", "gathered_b" if gathered_b else "gathered_a"))
         idx = src.long()
         a_rows, b_rows = (a, b[idx]) if gathered_b else (a[idx], b)
-        out = torch.zeros(offs.shape[0], a.shape[1], b.shape[1], dtype=F64)
+        into = out
+        got = torch.zeros(offs.shape[0], a.shape[1], b.shape[1], dtype=F64)
         start = 0
         for g, end in enumerate(offs.tolist()):
-            out[g] = a_rows[start:end].double().t() @ b_rows[start:end].double()
+            got[g] = a_rows[start:end].double().t() @ b_rows[start:end].double()
             start = end
-        out = out.to(a.dtype)
-        return out.transpose(-2, -1).contiguous().transpose(-2, -1) if transposed else out
+        got = got.to(a.dtype)
+        if into is not None:
+            return into.copy_(got)
+        return got.transpose(-2, -1).contiguous().transpose(-2, -1) if transposed else got
 
     return gather_k_mm
 
@@ -651,7 +688,8 @@ def test_expert_block_uses_the_native_fused_functions(monkeypatch):
     # dgated reads dy, the rows' copy of the upstream gradient, made once for it and
     # dw_out (no src: the kernels that read through src are slower than the copy); dw_in
     # reads x's rows through src
-    assert calls == ["swiglu_mm", "dgated_mm", ("gather_k_mm", "gathered_a")]
+    # (autograd frees the graph after this backward: dpre is written over the block's pre)
+    assert calls == ["swiglu_mm", ("dgated_mm", "over pre"), ("gather_k_mm", "gathered_a")]
     refs = [t.detach().double().requires_grad_() for t in (x, w_in, w_out, weights)]
     ref = _reference(refs[0], ids, *refs[1:])
     assert_close_rel(out, ref, torch.float32, "out")
@@ -691,6 +729,20 @@ def test_native_fused_functions_answer_none_on_cpu():
     scale = torch.rand(R)
     assert native.dgated_mm(dy, w_out, r.offs, pre, scale) is None
     assert native.dgated_mm(x, w_out, r.offs, pre, scale, src=r.src) is None
+    # out: pre itself or apart from it (checked before the answer)
+    assert native.dgated_mm(dy, w_out, r.offs, pre, scale, out=pre) is None
+    assert native.dgated_mm(dy, w_out, r.offs, pre, scale, out=torch.empty_like(pre)) is None
+    room = torch.empty(R + 1, pre.shape[1], dtype=pre.dtype)
+    room[:R] = pre
+    with pytest.raises(ValueError, match=r"^out: must be pre itself \(same address"):
+        native.dgated_mm(dy, w_out, r.offs, room[:R], scale, out=room[1:])
+    n_dy, n_pre = dy.numel(), pre.numel()
+    flat = torch.empty(n_dy + n_pre, dtype=dy.dtype)
+    with pytest.raises(ValueError, match=r"^out: must not share memory with the input dy"):
+        over = flat[n_dy - 2 : n_dy - 2 + n_pre].view(pre.shape)
+        native.dgated_mm(flat[:n_dy].view(dy.shape), w_out, r.offs, pre, scale, out=over)
+    with pytest.raises(ValueError, match=r"^out: expected shape"):
+        native.dgated_mm(dy, w_out, r.offs, pre, scale, out=pre[:, :2])
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -194,6 +194,40 @@ def test_out_of_range_src_is_an_error(device, gathered_b):
         assert not _native.take_offs_error(torch.cuda.current_device())
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, F64])
+@pytest.mark.parametrize("gathered_b", [False, True])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_out_a_slab_of_a_larger_gradient(device, dtype, gathered_b, transposed):
+    """``out=``: written in place where the kernels can (here a slab of columns of
+    ``a``'s side of a larger gradient, in both layouts: what the MoE backward does, one
+    slab of x's columns at a time), returned as the same object; the rest of the larger
+    tensor is untouched."""
+    gen = torch.Generator().manual_seed(8)
+    sizes, T, K, N = [5, 0, 9, 3], 7, 128, 64
+    R = sum(sizes)
+    a, b = operands(T, R, K, N, gathered_b, device, dtype, gen)
+    src, offs = routing(T, R, device, gen), ends(sizes, device)
+    whole = ref(a, b, offs, src, gathered_b)
+    big = torch.full((len(sizes), K + 64, N), 7.0, dtype=dtype, device=device)
+    if transposed:  # a column-major gradient: the transposed view of [G, N, K + 64]
+        big = big.transpose(-2, -1).contiguous().transpose(-2, -1)
+    c0, c1 = 64, 64 + K // 2
+    for lo, hi in ((c0, c1), (c1, c0 + K)):
+        slab = big[:, lo:hi]
+        got = _native.gather_k_mm(
+            a[:, lo - c0 : hi - c0], b, offs, src, gathered_b, transposed, slab
+        )
+        assert got is slab
+    check(big[:, c0:], whole, dtype, sizes)
+    assert (big[:, :c0] == 7).all(), "outside the slabs: untouched"
+    # every other column: on CUDA no kernel writes it as it is (through a fresh output)
+    odd = torch.zeros(len(sizes), K, 2 * N, dtype=dtype, device=device)[:, :, ::2]
+    got = _native.gather_k_mm(a, b, offs, src, gathered_b, transposed, odd)
+    assert got is odd
+    check(odd, whole, dtype, sizes)
+
+
 def test_errors():
     a, b = torch.randn(4, 8), torch.randn(3, 5)
     offs = ends([1, 2], "cpu")
@@ -222,6 +256,14 @@ def test_errors():
         _native.gather_k_mm(a, b, ends([1, 2, 3], "cpu"), src)  # ends past R
     with pytest.raises(TypeError, match=r"^a: expected a torch.Tensor or numpy.ndarray"):
         _native.gather_k_mm(None, b, offs, src)
+    # out: shape, dtype, memory shared with an input
+    with pytest.raises(ValueError, match=r"^out: expected shape \[2, 8, 5\], found \[2, 5, 8\]"):
+        _native.gather_k_mm(a, b, offs, src, out=torch.empty(2, 5, 8))
+    with pytest.raises(TypeError, match=r"^out: expected dtype torch.float32"):
+        _native.gather_k_mm(a, b, offs, src, out=torch.empty(2, 8, 5, dtype=F64))
+    shared = torch.empty(2 * 8 * 5 + 32)
+    with pytest.raises(ValueError, match=r"^out: must not share memory with the input a"):
+        _native.gather_k_mm(shared[:32].view(4, 8), b, offs, src, out=shared[:80].view(2, 8, 5))
 
 
 @pytest.mark.cuda
