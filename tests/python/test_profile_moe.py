@@ -16,7 +16,8 @@ timing = load_bench("timing")  # bench_moe imports it from its folder
 bench = load_bench("bench_moe")
 prof = load_bench("profile_moe")
 
-# real kernel names (benches/results/*profile*.txt, SonicMoE traces), one per category
+# kernel names as the profiles show them (benches/results/*profile*.txt); SonicMoE's quack
+# GEMM prefixes as public traces show them, its top-k's name assumed from CuTe DSL's naming
 VARLEN = (
     "void gmm::varlen::varlen_kernel<gmm::varlen::Cfg<cutlass::bfloat16_t, "
     "(gmm::varlen::Mode)0, true, 192, (gmm::varlen::Epi)1>>(gmm::varlen::Params)"
