@@ -157,6 +157,7 @@ def gather_k_mm(
     src: _Rows,
     gathered_b: bool = False,
     transposed: bool = False,
+    out: Optional[_Rows] = None,
 ) -> _Rows:
     """The weight gradient of a routed expert layer on rows kept in token order, with no
     copy of the gathered rows: ``out[g] = Σ a_rᵀ @ b_r`` over the routed rows ``r`` of group
@@ -173,7 +174,10 @@ def gather_k_mm(
     transposed view of a fresh contiguous ``[G, N, K]`` (the gradient of a column-major
     ``[G, K, N]`` weight, an ``[E, N, K]`` parameter's view, in its own layout). On Hopper
     the rows are read through ``src`` inside the GEMM where a kernel does, else gathered
-    first; on the CPU always gathered first.
+    first; on the CPU always gathered first. ``out``: written instead of a fresh result
+    (``[G, K, N]``, ``a``'s dtype, any strides, sharing no memory with ``a`` or ``b``) and
+    returned; in place wherever the kernels can describe it as row-major, e.g. a slab of
+    rows or columns of a larger gradient, else through a fresh result copied into it.
     ValueError for shapes that do not fit, TypeError and RuntimeError for dtypes and
     devices unlike ``a``'s."""
 
@@ -201,7 +205,13 @@ def swiglu_mm(
     RuntimeError for dtypes and devices unlike ``x``'s."""
 
 def dgated_mm(
-    dy: _Rows, w: _Rows, offs: _Rows, pre: _Rows, scale: _Rows, src: Optional[_Rows] = None
+    dy: _Rows,
+    w: _Rows,
+    offs: _Rows,
+    pre: _Rows,
+    scale: _Rows,
+    src: Optional[_Rows] = None,
+    out: Optional[_Rows] = None,
 ) -> Optional[Tuple[_Rows, _Rows, _Rows]]:
     """The backward of a routed SwiGLU expert's down projection through its router weight:
     with ``p = dy[src] @ w[g].T`` (float32 ``[R, F]``, never stored), ``gate, up = pre[:, :F],
@@ -219,7 +229,11 @@ def dgated_mm(
     weight, any strides; ``offs`` int32 ``[E]``; ``pre [R, 2F]`` of ``dy``'s dtype (the
     saved pre-activation, copied contiguous if it is not); ``scale`` float32 ``[R]`` (each
     row's router weight). With ``src`` the rows are read through it inside the GEMM where
-    a kernel does, else gathered first as :func:`gather_mm` does.
+    a kernel does, else gathered first as :func:`gather_mm` does. ``out``: ``dpre`` is
+    written there (``[R, 2F]``, ``dy``'s dtype) and returned as the first item; it may be
+    ``pre`` itself (same address and layout: each tile reads its part of ``pre`` before
+    writing the same part) and must not otherwise share memory with an input; left as it
+    was when the answer is None.
     ValueError for shapes that do not fit, TypeError for a ``scale`` that is not float32
     or dtypes unlike ``dy``'s, RuntimeError for devices unlike ``dy``'s."""
 
