@@ -537,6 +537,17 @@ mod tests {
         }
     }
 
+    /// A contiguous int32 device index of `len` entries at `ptr` (`offs`, `src`).
+    fn at(ptr: usize, len: usize) -> IntTensor {
+        IntTensor {
+            ptr,
+            layout: Layout::new(&[len], &[1]),
+            device: Device::Cuda(0),
+            id: 1,
+            int32: true,
+        }
+    }
+
     fn ld_major(shape: &[usize], strides: &[isize]) -> Option<(i64, bool, i64)> {
         operand(&t(shape, strides)).map(|o| (o.ld, o.col_major, o.batch_stride))
     }
@@ -637,13 +648,6 @@ mod tests {
         let gathered = Layout::contiguous(&[rows, k]);
         let plan = crate::shape::plan_packed(&gathered, &w.layout, Some(g)).unwrap();
         let c = t(&plan.out_shape, &[n as isize, 1]);
-        let at = |ptr, len| IntTensor {
-            ptr,
-            layout: Layout::new(&[len], &[1]),
-            device: Device::Cuda(0),
-            id: 1,
-            int32: true,
-        };
         let (offs, index) = (at(8192, g), at(4096, rows));
         let gather = Fusion {
             src: Some(&index),
@@ -665,13 +669,6 @@ mod tests {
     fn gathered_k_request_reads_the_source_rows() {
         let (rows_x, rows, k, n, g) = (10usize, 24usize, 16usize, 8usize, 3usize);
         let row_major = |r: usize, c: usize| t(&[r, c], &[c as isize, 1]);
-        let at = |ptr, len| IntTensor {
-            ptr,
-            layout: Layout::new(&[len], &[1]),
-            device: Device::Cuda(0),
-            id: 1,
-            int32: true,
-        };
         let (offs, index) = (at(8192, g), at(4096, rows));
         for src_b in [false, true] {
             let (a, b) = match src_b {
