@@ -8,6 +8,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <type_traits>
 
 namespace gmm {
@@ -114,29 +115,112 @@ __device__ inline Acc<T> weight(const W* w, int64_t i) {
   return w == nullptr ? Acc<T>(1) : Acc<T>(to_acc(w[i]));
 }
 
-template <class T, class W, int V>
-__global__ void gather_sum(const T* x, const int32_t* inverse, const W* w, T* out, int64_t tokens,
-                           int64_t top_k, int64_t rows, int64_t cols, int* err) {
+// Memory-level parallelism of the gathering kernels (GatherSum, ScatterRows). A thread's
+// step covers U work items (a token's -- or a row's -- 16-byte column vector; the items a
+// grid-stride apart, so that each load instruction of a warp stays one contiguous run) and,
+// per item, KC of its k rows: all U indices (x KC) are loaded, then all U x KC vectors,
+// before the first is used, so that U * KC = kLoads 16-byte loads per thread are in flight
+// instead of one load waiting on its index (cuda/NOTES.md, "Row kernels at the memory's
+// limit"). Summation stays in the order of j, so the results are those of one load at a time.
+#ifndef GMM_ROWS_LOADS
+#define GMM_ROWS_LOADS 4
+#endif
+constexpr int kLoads = GMM_ROWS_LOADS;
+// ScatterRows' rows per thread step.
+#ifndef GMM_ROWS_SCATTER_U
+#define GMM_ROWS_SCATTER_U 1
+#endif
+constexpr int kScatterU = GMM_ROWS_SCATTER_U;
+
+// GatherSum: out[t] = sum_j w[t, j] * x[inverse[t, j]]. k = 1 (kOne: kCopy without weights,
+// kScaled with): the one term, x itself or w * x, with no accumulators (their registers cut
+// the resident threads, and so the loads in flight, by half).
+enum One : int { kSum = 0, kCopy = 1, kScaled = 2 };
+template <class T, class W, int V, int U, int KC, int kOne>
+__global__ void __launch_bounds__(256)
+    gather_sum(const T* __restrict__ x, const int32_t* __restrict__ inverse,
+               const W* __restrict__ w, T* __restrict__ out, int64_t tokens, int64_t top_k,
+               int64_t rows, int64_t cols, int* err) {
   using A = Acc<T>;
-  const int64_t cv = cols / V, n = tokens * cv;
-  for (int64_t i = first(); i < n; i += step()) {
-    const int64_t t = i / cv, c = (i - t * cv) * V;
-    A acc[V];
+  const int64_t cv = cols / V, n = tokens * cv, st = step();
+  bool bad = false;
+  for (int64_t i0 = first(); i0 < n; i0 += U * st) {
+    int64_t t[U], c[U];
+    bool live[U];
 #pragma unroll
-    for (int e = 0; e < V; ++e) acc[e] = A(0);
-    for (int64_t j = 0; j < top_k; ++j) {
-      const int64_t r = inverse[t * top_k + j];
-      if (!in_range(r, rows, err)) continue;
-      const A wj = weight<T>(w, t * top_k + j);
-      const Pack<T, V> p = load<T, V>(x + r * cols + c);
-#pragma unroll
-      for (int e = 0; e < V; ++e) acc[e] += wj * to_acc(p.v[e]);
+    for (int u = 0; u < U; ++u) {
+      const int64_t i = i0 + u * st;
+      live[u] = i < n;
+      t[u] = live[u] ? i / cv : 0;
+      c[u] = (i - t[u] * cv) * V;
     }
-    Pack<T, V> o;
+    A acc[U][V];
 #pragma unroll
-    for (int e = 0; e < V; ++e) o.v[e] = from_acc<T>(acc[e]);
-    store<T, V>(out + t * cols + c, o);
+    for (int u = 0; u < U; ++u) {
+#pragma unroll
+      for (int e = 0; e < V; ++e) acc[u][e] = A(0);
+    }
+    Pack<T, V> p[U][KC];
+    bool ok[U][KC];
+    A wt[U][KC];
+    for (int64_t j0 = 0; j0 < top_k; j0 += KC) {
+      int64_t r[U][KC];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+#pragma unroll
+        for (int jj = 0; jj < KC; ++jj) {
+          const bool on = live[u] && j0 + jj < top_k;
+          const int64_t at = t[u] * top_k + j0 + jj;
+          r[u][jj] = on ? int64_t(__ldg(inverse + at)) : -1;
+          if constexpr (kOne != kCopy) wt[u][jj] = on ? weight<T>(w, at) : A(0);
+          ok[u][jj] = r[u][jj] >= 0 && r[u][jj] < rows;
+          bad |= on && !ok[u][jj];
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+#pragma unroll
+        for (int jj = 0; jj < KC; ++jj) {
+          if (ok[u][jj]) {
+            p[u][jj] = load<T, V>(x + r[u][jj] * cols + c[u]);
+          } else {
+#pragma unroll
+            for (int e = 0; e < V; ++e) p[u][jj].v[e] = T(0);
+          }
+        }
+      }
+      if constexpr (kOne == kSum) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+#pragma unroll
+          for (int jj = 0; jj < KC; ++jj) {
+            if (ok[u][jj]) {
+#pragma unroll
+              for (int e = 0; e < V; ++e) acc[u][e] += wt[u][jj] * to_acc(p[u][jj].v[e]);
+            }
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (!live[u]) continue;
+      Pack<T, V> o;
+      if constexpr (kOne != kSum) {
+        if (kOne == kCopy || !ok[u][0]) {
+          o = p[u][0];  // the row itself (weight 1: exact), or zeros
+        } else {
+#pragma unroll
+          for (int e = 0; e < V; ++e) o.v[e] = from_acc<T>(wt[u][0] * to_acc(p[u][0].v[e]));
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < V; ++e) o.v[e] = from_acc<T>(acc[u][e]);
+      }
+      store<T, V>(out + t[u] * cols + c[u], o);
+    }
   }
+  if (bad && err != nullptr) *reinterpret_cast<volatile int*>(err) = kErrIndex;
 }
 
 // assign[inverse[tj]] = tj + 1 (0 stays for rows no index names).
@@ -148,26 +232,47 @@ __global__ void invert(const int32_t* inverse, int32_t* assign, int64_t n, int64
 }
 
 // Row by row, so that writes stream in row order and every row is written once:
-// out[r] = w[a] * x[a / k] for the assignment a of row r, zeros for rows without one.
-template <class T, class W, int V>
-__global__ void scatter_rows(const T* x, const int32_t* assign, const W* w, T* out, int64_t top_k,
-                             int64_t rows, int64_t cols) {
+// out[r] = w[a] * x[a / k] for the assignment a of row r, zeros for rows without one. U rows'
+// vectors per thread step, their loads issued together (kLoads above).
+template <class T, class W, int V, int U>
+__global__ void __launch_bounds__(256)
+    scatter_rows(const T* __restrict__ x, const int32_t* __restrict__ assign,
+                 const W* __restrict__ w, T* __restrict__ out, int64_t top_k, int64_t rows,
+                 int64_t cols) {
   using A = Acc<T>;
-  const int64_t cv = cols / V, n = rows * cv;
-  for (int64_t i = first(); i < n; i += step()) {
-    const int64_t r = i / cv, c = (i - r * cv) * V;
-    const int64_t a = int64_t(assign[r]) - 1;
-    Pack<T, V> o;
-    if (a < 0) {
+  const int64_t cv = cols / V, n = rows * cv, st = step();
+  for (int64_t i0 = first(); i0 < n; i0 += U * st) {
+    int64_t r[U], c[U], a[U];
 #pragma unroll
-      for (int e = 0; e < V; ++e) o.v[e] = from_acc<T>(A(0));
-    } else {
-      const A wa = weight<T>(w, a);
-      const Pack<T, V> p = load<T, V>(x + (a / top_k) * cols + c);
-#pragma unroll
-      for (int e = 0; e < V; ++e) o.v[e] = from_acc<T>(wa * to_acc(p.v[e]));
+    for (int u = 0; u < U; ++u) {
+      const int64_t i = i0 + u * st;
+      r[u] = i < n ? i / cv : -1;
+      c[u] = (i - r[u] * cv) * V;
+      a[u] = r[u] >= 0 ? int64_t(__ldg(assign + r[u])) - 1 : -1;
     }
-    store<T, V>(out + r * cols + c, o);
+    Pack<T, V> p[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (a[u] >= 0) {
+        p[u] = load<T, V>(x + (a[u] / top_k) * cols + c[u]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < V; ++e) p[u].v[e] = T(0);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (r[u] < 0) continue;
+      Pack<T, V> o;
+      if (a[u] < 0 || w == nullptr) {
+        o = p[u];  // zeros, or the row itself (weight 1: exact)
+      } else {
+        const A wa = weight<T>(w, a[u]);
+#pragma unroll
+        for (int e = 0; e < V; ++e) o.v[e] = from_acc<T>(wa * to_acc(p[u].v[e]));
+      }
+      store<T, V>(out + r[u] * cols + c[u], o);
+    }
   }
 }
 
@@ -204,7 +309,67 @@ unsigned blocks_for(int64_t threads, int sm_count) {
   return unsigned(std::max<int64_t>(1, std::min(want, cap)));
 }
 
+// A grid sized to the GPU for the gathering kernels: enough blocks for `items` work items
+// at `per_thread` items a thread, at most as many as are resident at once (the occupancy of
+// `kernel` at kThreads threads, read once into the caller's `per_sm`, a static of the
+// kernel's own launcher), so that a grid-stride loop runs in one wave.
+template <class K>
+unsigned resident_blocks(K* kernel, std::atomic<int>& per_sm, int64_t items, int per_thread, int sm_count) {
+  int resident = per_sm.load(std::memory_order_relaxed);
+  if (resident == 0) {
+    int b = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, kThreads, 0) != cudaSuccess) {
+      (void)cudaGetLastError();
+      b = 1;
+    }
+    resident = std::max(b, 1);
+    per_sm.store(resident, std::memory_order_relaxed);
+  }
+  const int64_t chunk = int64_t(kThreads) * per_thread;
+  const int64_t want = (items + chunk - 1) / chunk;
+  const int64_t cap = int64_t(std::max(sm_count, 1)) * resident;
+  return unsigned(std::max<int64_t>(1, std::min(want, cap)));
+}
+
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// GatherSum with kLoads loads in flight per thread: U items of KC rows each (U * KC =
+// kLoads); k = 1 without weights copies.
+template <class T, class W, int V, int U, int KC, int kOne>
+void launch_gather(const RowsArgs& a) {
+  auto* kernel = gather_sum<T, W, V, U, KC, kOne>;
+  static std::atomic<int> per_sm{0};
+  const int64_t items = a.tokens * (a.cols / V);
+  kernel<<<resident_blocks(kernel, per_sm, items, U, a.sm_count), kThreads, 0, a.stream>>>(
+      static_cast<const T*>(a.x), a.inverse, static_cast<const W*>(a.weights),
+      static_cast<T*>(a.out), a.tokens, a.top_k, a.rows, a.cols, a.err_flag);
+}
+
+// The (U, KC) of a GatherSum call: kLoads loads a thread; k = 1 by U items, k = 2 .. 4 by
+// U = kLoads / KC items of KC rows; wider k one item at a time in chunks of kLoads rows, or,
+// for a problem of fewer items than one wave of resident threads (no occupancy to lose),
+// of 8 or 16 rows: one index and one row round trip for the whole sum.
+template <class T, class W, int V>
+void launch_gather_k(const RowsArgs& a) {
+  static_assert(kLoads == 4 || kLoads == 8, "kLoads: 4 or 8");
+  const int64_t items = a.tokens * (a.cols / V);
+  const bool small = items < int64_t(std::max(a.sm_count, 1)) * 1024;
+  if (a.top_k == 1 && a.weights == nullptr) {
+    launch_gather<T, W, V, kLoads, 1, kCopy>(a);
+  } else if (a.top_k == 1) {
+    launch_gather<T, W, V, kLoads, 1, kScaled>(a);
+  } else if (a.top_k == 2) {
+    launch_gather<T, W, V, kLoads / 2, 2, kSum>(a);
+  } else if (a.top_k <= 4) {
+    launch_gather<T, W, V, kLoads / 4, 4, kSum>(a);
+  } else if (small && a.top_k <= 8) {
+    launch_gather<T, W, V, 1, 8, kSum>(a);
+  } else if (small) {
+    launch_gather<T, W, V, 1, 16, kSum>(a);
+  } else {
+    launch_gather<T, W, V, 1, kLoads, kSum>(a);
+  }
+}
 
 template <class T, class W, int V>
 void launch_typed(const RowsArgs& a) {
@@ -222,15 +387,17 @@ void launch_typed(const RowsArgs& a) {
           x, y, static_cast<T*>(a.out), a.rows, a.cols);
       break;
     case RowsOp::GatherSum:
-      gather_sum<T, W, V><<<blocks_for(a.tokens * cv, a.sm_count), kThreads, 0, a.stream>>>(
-          x, a.inverse, w, static_cast<T*>(a.out), a.tokens, a.top_k, a.rows, a.cols, a.err_flag);
+      launch_gather_k<T, W, V>(a);
       break;
-    case RowsOp::ScatterRows:
+    case RowsOp::ScatterRows: {
       invert<<<blocks_for(a.tokens * a.top_k, a.sm_count), kThreads, 0, a.stream>>>(
           a.inverse, a.scratch, a.tokens * a.top_k, a.rows, a.err_flag);
-      scatter_rows<T, W, V><<<blocks_for(a.rows * cv, a.sm_count), kThreads, 0, a.stream>>>(
-          x, a.scratch, w, static_cast<T*>(a.out), a.top_k, a.rows, a.cols);
+      auto* kernel = scatter_rows<T, W, V, kScatterU>;
+      static std::atomic<int> per_sm{0};
+      kernel<<<resident_blocks(kernel, per_sm, a.rows * cv, kScatterU, a.sm_count), kThreads, 0,
+               a.stream>>>(x, a.scratch, w, static_cast<T*>(a.out), a.top_k, a.rows, a.cols);
       break;
+    }
     case RowsOp::RowDots:
       row_dots<T, W, V><<<blocks_for(a.tokens * a.top_k * 32, a.sm_count), kThreads, 0, a.stream>>>(
           x, y, a.inverse, static_cast<W*>(a.out), a.tokens, a.top_k, a.rows, a.cols, a.err_flag);
