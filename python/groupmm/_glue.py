@@ -47,6 +47,7 @@ __all__ = [
     "sum_copies",
     "swiglu",
     "swiglu_grad",
+    "take_rows",
     "to_rows",
 ]
 
@@ -154,6 +155,17 @@ def sum_copies(grad: Tensor, inverse: Tensor) -> Tensor:
     for j in range(1, inverse.shape[1]):
         out = out + grad.index_select(0, inverse[:, j])
     return out.to(grad.dtype)
+
+
+def take_rows(x: Tensor, src: Tensor) -> Tensor:
+    """``x[src]`` (``[R, D]`` from ``x [T, D]`` and ``src [R]``): each routed row's copy of
+    its token's row, in expert order. One pass (the row op ``_rows.gather_sum`` with ``src``
+    as a one-column index: a row gather at the copy bandwidth, no inverse permutation to
+    build), or, while autograd records a graph through ``x``, ``index_select``. With every
+    routed row named once (``R = T*k``) this is :func:`to_rows` without weights."""
+    if _rows.differentiable(x):
+        return x.index_select(0, src)
+    return _rows.gather_sum(x, src.view(-1, 1), None)
 
 
 class Dispatch(torch.autograd.Function):

@@ -28,16 +28,16 @@ that autograd frees ``pre`` as soon as the down projection's backward is done):
 - op ``gated_down``, forward: the down projection (``grouped_mm(act, w_out)``) and the
   weighted combine (the row op ``gather_sum``). Saves ``pre``, ``w_out``, the indices and
   the router weights, not ``act``.
-- backward of ``gated_down`` (autograd runs it first): ``dy`` (each routed row's copy of
-  its token's gradient, ``to_rows``) and the router weights scattered to a per-row fp32
-  ``scale``, then op ``groupmm::dgated`` → ``_native.dgated_mm(dy, w_out, offs, pre,
-  scale)`` ("dgated": ``p = dy @ w_out[g]ᵀ`` and in its epilogue the scale, dSwiGLU
-  against ``pre`` and the router-weight gradient as a per-row reduction; ``p`` is never
-  stored), giving ``d_pre``, ``act_s = scale·act`` and the rows' router-weight gradients;
-  then ``dw_out = act_sᵀ·dy``. When it returns, ``pre``, ``dy`` and ``act_s`` are freed.
-  (``dgated_mm`` and ``gather_k_mm`` can read ``d_out`` through ``src`` instead, with no
-  ``dy``; those kernels run only with ``GROUPMM_SM90_GATHER=1``, slower than the copy:
-  cuda/heuristics/choose.cc.)
+- backward of ``gated_down`` (autograd runs it first): ``dy = d_out[src]`` (each routed
+  row's copy of its token's gradient, a row gather: ``take_rows``) and the router weights
+  scattered to a per-row fp32 ``scale``, then op ``groupmm::dgated`` →
+  ``_native.dgated_mm(dy, w_out, offs, pre, scale)`` ("dgated": ``p = dy @ w_out[g]ᵀ`` and
+  in its epilogue the scale, dSwiGLU against ``pre`` and the router-weight gradient as a
+  per-row reduction; ``p`` is never stored), giving ``d_pre``, ``act_s = scale·act`` and
+  the rows' router-weight gradients; then ``dw_out = act_sᵀ·dy``. When it returns,
+  ``pre``, ``dy`` and ``act_s`` are freed. (``dgated_mm`` and ``gather_k_mm`` can read
+  ``d_out`` through ``src`` instead, with no ``dy``; those kernels run only with
+  ``GROUPMM_SM90_GATHER=1``, slower than the copy: cuda/heuristics/choose.cc.)
 - backward of ``swiglu_up``: ``dx = sum_copies(d_pre·w_inᵀ)`` (the ``[R, D]`` product
   freed at once), then ``dw_in = x[src]ᵀ·d_pre`` as ``_native.gather_k_mm(x, d_pre,
   offs, src)`` (``x``'s rows gathered first, or read through ``src`` in the GEMM with
@@ -63,9 +63,9 @@ the router-weight gradient.
 
 Determinism: no atomics anywhere; the gradient of ``x`` sums each token's ``k`` rows
 through ``inverse``. The glue formulas (:func:`~groupmm._glue.sum_copies`,
-:func:`~groupmm._glue.combine` and its backward, :func:`~groupmm._glue.to_rows`,
-:func:`~groupmm._glue.swiglu_grad`) are ``groupmm._glue``'s, shared with
-``groupmm.moe`` and the transformers integration.
+:func:`~groupmm._glue.combine` and its backward, :func:`~groupmm._glue.take_rows`,
+:func:`~groupmm._glue.to_rows`, :func:`~groupmm._glue.swiglu_grad`) are
+``groupmm._glue``'s, shared with ``groupmm.moe`` and the transformers integration.
 """
 
 # NB: no ``from __future__ import annotations``: torch.library reads the annotations.
@@ -77,7 +77,15 @@ from torch import Tensor
 from . import _checks as check
 from . import _native, _rows
 from ._api import grouped_mm
-from ._glue import combine, combine_backward, sum_copies, swiglu, swiglu_grad, to_rows
+from ._glue import (
+    combine,
+    combine_backward,
+    sum_copies,
+    swiglu,
+    swiglu_grad,
+    take_rows,
+    to_rows,
+)
 from ._library import column_major, direct
 from ._rows import _op
 
@@ -290,6 +298,13 @@ def _check_routes(x: Tensor, offs: Tensor, src: Tensor, inverse: Tensor) -> None
     check.shape("inverse", inverse, ok, what, x.shape[0], src.shape[0])
 
 
+def _int32(index: Tensor) -> Tensor:
+    """``index`` as int32, the form every kernel reads, made once per block call (the ops
+    and their backwards then hand it to each native call as it is, instead of each call
+    converting an int64 index again)."""
+    return index if index.dtype == torch.int32 else index.to(torch.int32)
+
+
 def _check_gate_up(name: str, w: Tensor) -> None:
     if w.shape[-1] % 2:
         raise ValueError(
@@ -384,11 +399,12 @@ def _gated_down_grad(ctx, d_out):
     else:  # each row's router weight (rows no copy names: 0)
         scale = to_rows(d_out.new_ones(inverse.shape[0], 1, dtype=acc), inverse, weights, rows)
         scale = scale.view(rows)
-    # dy, each routed row's copy of its token's gradient, is made once and read by both
-    # products: the kernels that read d_out through src (GROUPMM_SM90_GATHER=1) are slower
-    # than this copy plus the TMA kernels (cuda/heuristics/choose.cc), and each would gather
-    # it again where they do not run.
-    dy = to_rows(d_out, inverse, None, rows)
+    # dy, each routed row's copy of its token's gradient (d_out[src]: every row is named
+    # once), is made once, by a row gather, and read by both products: the kernels that read
+    # d_out through src (GROUPMM_SM90_GATHER=1) are slower than this copy plus the TMA
+    # kernels (cuda/heuristics/choose.cc), and each would gather it again where they do not
+    # run.
+    dy = take_rows(d_out, src)
     if _rows.differentiable(d_out, w_out, pre, weights):  # double backward
         d_pre, act_s, row_grad = _dgated_composed(dy, w_out, offs, pre, scale)
     elif _overwrites_pre(ctx.own_pre):
@@ -470,6 +486,7 @@ def expert_block(
     if weights is not None:
         check.tensor("weights", weights)
         check.same_shape("weights", weights, "inverse", inverse)
+    src, inverse = _int32(src), _int32(inverse)
     pre, act = _swiglu_up(x, w_in, offs, src, inverse)
     # pre is the block's own: gated_down's backward may write its gradient over it
     return _gated_down(pre, act, w_out, offs, src, inverse, weights, True)
@@ -541,7 +558,7 @@ def expert_up(x: Tensor, w: Tensor, offs: Tensor, src: Tensor, inverse: Tensor) 
     check.dims("w", w, 3, "[E, D, 2F]")
     _check_routes(x, offs, src, inverse)
     _check_gate_up("w", w)
-    return _expert_up(x, w, offs, src, inverse)[0]
+    return _expert_up(x, w, offs, _int32(src), _int32(inverse))[0]
 
 
 # --------------------------------------------------------------------------- expert_down
@@ -614,4 +631,4 @@ def expert_down(
     if weights is not None:
         check.tensor("weights", weights)
         check.same_shape("weights", weights, "inverse", inverse)
-    return _expert_down(h, w, offs, inverse, weights)[0]
+    return _expert_down(h, w, offs, _int32(inverse), weights)[0]
