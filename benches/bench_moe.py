@@ -2,7 +2,7 @@
 ``F.grouped_mm`` and the plain layer most code writes, in one process, same weights and
 routing, the implementations of a row timed interleaved.
 
-    python3 benches/bench_moe.py [--configs issue22|legacy|extra|all|NAME,...]
+    python3 benches/bench_moe.py [--configs issue22|issue28|fine|legacy|extra|all|NAME,...]
         [--tokens 4096,16384] [--routing router,uniform,skewed] [--passes fwd+bwd,fwd]
         [--rounds 10] [--no-sonic] [--budget-s SECONDS] [--json out.json] [--md out.md]
         [--png out.png]
@@ -33,7 +33,10 @@ Implementations (every one is router -> dispatch -> SwiGLU experts -> weighted c
 Configs (d_model, d_ff, experts, top-k), ``--configs`` takes names and groups:
 ``issue22`` (the default: issue 22's table) Qwen3-30B-A3B (2048, 768, 128, 8), OLMoE
 (2048, 1024, 64, 8), Qwen3-235B-A22B (4096, 1536, 128, 8), gpt-oss-20b-like SwiGLU (2880,
-2880, 32, 4); ``extra`` DeepSeek-V2-Lite's routed experts (2048, 1408, 64, 6); ``legacy``
+2880, 32, 4); ``extra`` DeepSeek-V2-Lite's routed experts (2048, 1408, 64, 6); ``fine``
+(issue 28's fine-grained settings: narrow experts, top-k 2-16, up to 256 experts, the names
+spell out d, F, E, k); ``issue28`` (issue 28's table: issue22 + extra + GLM-4.5-Air-like
+(4096, 1408, 128, 8) + fine); ``legacy``
 (the configs of earlier runs) qwen3 (2048, 768, 128, 8), olmoe, dsv3-local (7168, 2048, 32,
 8: the experts one rank holds under expert parallelism), mixtral (4096, 14336, 8, 2).
 
@@ -119,6 +122,14 @@ CONFIGS = {
     "qwen3": (2048, 768, 128, 8),
     "dsv3-local": (7168, 2048, 32, 8),
     "mixtral": (4096, 14336, 8, 2),
+    "glm45-air": (4096, 1408, 128, 8),
+    # issue 28's fine-grained settings (narrow experts, wide top-k, long sequences: the
+    # settings SonicMoE is benchmarked on)
+    "fine-1536-256-e128-k8": (1536, 256, 128, 8),
+    "fine-1536-512-e256-k16": (1536, 512, 256, 16),
+    "fine-2048-256-e256-k16": (2048, 256, 256, 16),
+    "fine-4096-512-e256-k8": (4096, 512, 256, 8),
+    "fine-768-1024-e32-k2": (768, 1024, 32, 2),
 }
 MODELS = {
     "qwen3-30b-a3b": "Qwen3-30B-A3B",
@@ -129,15 +140,30 @@ MODELS = {
     "qwen3": "Qwen3-30B-A3B-like (earlier runs' name)",
     "dsv3-local": "DeepSeek-V3, 32 of 256 experts",
     "mixtral": "Mixtral-8x7B-like",
+    "glm45-air": "GLM-4.5-Air-like",
+    "fine-1536-256-e128-k8": "fine-grained d 1536, F 256, E 128, k 8",
+    "fine-1536-512-e256-k16": "fine-grained d 1536, F 512, E 256, k 16",
+    "fine-2048-256-e256-k16": "fine-grained d 2048, F 256, E 256, k 16",
+    "fine-4096-512-e256-k8": "fine-grained d 4096, F 512, E 256, k 8",
+    "fine-768-1024-e32-k2": "d 768, F 1024, E 32, k 2",
     "tiny": "tiny",
 }
 GROUPS = {
     "issue22": ("qwen3-30b-a3b", "olmoe", "qwen3-235b-a22b", "gpt-oss-20b"),
     "extra": ("dsv2-lite",),
     "legacy": ("qwen3", "olmoe", "dsv3-local", "mixtral"),
+    "fine": (
+        "fine-1536-256-e128-k8",
+        "fine-1536-512-e256-k16",
+        "fine-2048-256-e256-k16",
+        "fine-4096-512-e256-k8",
+        "fine-768-1024-e32-k2",
+    ),
 }
+# issue 28's table: issue 22's configs, DeepSeek-V2-Lite, GLM-4.5-Air and the fine-grained ones
+GROUPS["issue28"] = GROUPS["issue22"] + GROUPS["extra"] + ("glm45-air",) + GROUPS["fine"]
 # every distinct config once ("qwen3" has qwen3-30b-a3b's sizes)
-GROUPS["all"] = GROUPS["issue22"] + GROUPS["extra"] + ("dsv3-local", "mixtral")
+GROUPS["all"] = GROUPS["issue28"] + ("dsv3-local", "mixtral")
 TINY = {"tiny": (64, 32, 8, 2)}
 
 ROUTINGS = ("router", "uniform", "skewed")
@@ -996,7 +1022,8 @@ def parse_args(argv=None):
     p.add_argument(
         "--configs",
         default="issue22",
-        help="comma list of config names and groups: issue22 (default), extra, legacy, all",
+        help="comma list of config names and groups: issue22 (default), issue28, fine, extra, "
+        "legacy, all",
     )
     p.add_argument("--tokens", default="4096,16384", help="comma list of T (tokens)")
     p.add_argument("--routing", default="router", help="router (default), uniform, skewed")
