@@ -249,11 +249,16 @@ def test_render_md_fused_against_sonicmoe():
     assert "Device: NVIDIA H200; torch 2.11.0+cu130; routing router" in md
     assert "`python3 benches/profile_moe.py --configs issue22 --md o.md`" in md
     # fused 7.5 = 5.8 + 1.2 + 0.5 rest; SonicMoE 6.56 = 5.5 + 0.5 + 0.56; gap 0.94 = 0.3 + 0.64
+    # then the routed-row GiB (no "bytes" in these rows: computed from the config, bf16):
+    # fused fwd, bwd, SonicMoE fwd, bwd, fused/SonicMoE of the totals
     assert (
         "| qwen3-30b-a3b | 16384 | 7.500 | 6.560 | 5.800 | 1.200 | 0.500 | 5.500 | 0.500 | "
-        "0.560 | +0.940 (+0.300, +0.640) |"
+        "0.560 | +0.940 (+0.300, +0.640) | 3.250 | 6.750 | 2.250 | 4.375 | 1.51 |"
     ) in lines
-    assert "| olmoe | 4096 | 2.500 | - | 2.000 | 0.250 | 0.250 | - | - | - | - |" in lines
+    assert (
+        "| olmoe | 4096 | 2.500 | - | 2.000 | 0.250 | 0.250 | - | - | - | - "
+        "| 0.875 | 1.875 | 0.625 | 1.250 | 1.47 |"
+    ) in lines
     assert (
         "| qwen3-30b-a3b | 16384 | groupmm | 8.000 | 6.000 | 2.000 | 0.000 | 0.000 | 0.000 |"
         in (lines)
@@ -281,7 +286,11 @@ def test_gap_and_summary_lines():
     assert (
         lines[2] == "olmoe T=16384 gap fused - SonicMoE: +1.000 ms (gemm -0.500, non-gemm +1.500)"
     )
-    assert len(lines) == 3
+    assert lines[3] == (
+        "olmoe T=16384 routed-row bytes (fwd + bwd): fused 3.500 + 7.500 GiB, "
+        "SonicMoE 2.500 + 5.000 GiB, fused/SonicMoE 1.47"
+    )
+    assert len(lines) == 4
 
 
 # ---------------------------------------------------------------------- arguments
