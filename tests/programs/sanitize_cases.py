@@ -165,6 +165,16 @@ def moe_rows(dev) -> int:
                 _rows.scatter_rows(g, inv, w, 10)
             _rows.row_dots(g, y, inv, torch.float32)
             n += 8
+            # GatherSum's other kernel shapes (rows.cu): k = 1 (copy, scaled), 2, wide k, and
+            # a problem over one wave of resident threads; one bad index each
+            for k, tokens in ((1, 5), (2, 5), (8, 5), (16, 5), (6, 3000)):
+                rows = tokens * k + 2
+                inv = torch.randperm(rows, device=dev)[: tokens * k].view(tokens, k)
+                inv[0, 0] = rows
+                y = torch.randn(rows, cols * (64 if tokens > 100 else 1), device=dev, dtype=dtype)
+                for w in (None, torch.rand(tokens, k, device=dev)):
+                    _rows.gather_sum(y, inv, w)
+                    n += 1
     torch.cuda.synchronize()
     groupmm._native.take_offs_error(0)  # the bad indices' deferred flag
     # The fused path with a fixed routing (no router's cuBLAS GEMM). Not under initcheck:

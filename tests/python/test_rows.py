@@ -77,6 +77,62 @@ def test_gather_scatter_dots(device, dtype, weighted, cols):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5, 8, 9, 16])
+@pytest.mark.parametrize("size", ["small", "large"])
+def test_gather_sum_every_top_k(device, dtype, k, size):
+    """GatherSum over every shape of work the CUDA kernel splits by (rows.cu: k = 1 copied
+    or scaled, k = 2, 3..4, wider k in chunks; problems under and over one wave of
+    resident threads; 16-byte vectors and single elements), against a float64 loop,
+    weighted and not, with out-of-range indices that must add nothing, and the same bits
+    on a second call (no order-dependent reduction)."""
+    T, cols = (37, 24) if size == "small" else (2500, 520)
+    rows = T * k + 3
+    gen = torch.Generator().manual_seed(k * 7 + cols)
+    inv = _routing(T, k, rows, "cpu", gen)
+    if device != "cpu":  # CUDA: bad indices skipped and flagged (the CPU raises instead)
+        inv[1, k - 1] = rows
+        inv[T - 1, 0] = -1
+    inv = inv.to(device)
+    y = torch.randn(rows, cols, generator=gen, dtype=F64).to(device, dtype)
+    for w in (None, torch.rand(T, k, generator=gen).to(device)):
+        wd = torch.ones(T, k, dtype=F64, device=device) if w is None else w.double()
+        ref = torch.zeros(T, cols, dtype=F64, device=device)
+        for j in range(k):
+            ok = (inv[:, j] >= 0) & (inv[:, j] < rows)
+            rowsj = y.double()[inv[:, j].clamp(0, rows - 1)] * ok.unsqueeze(1)
+            ref += wd[:, j : j + 1] * rowsj
+        out = _rows.gather_sum(y, inv, w)
+        _close(out, ref, dtype)
+        assert torch.equal(out, _rows.gather_sum(y, inv, w)), "not bitwise repeatable"
+        if k == 1 and w is None and device == "cpu":
+            assert torch.equal(out, y[inv[:, 0]]), "a one-row gather is a copy"
+    if device != "cpu":
+        torch.cuda.synchronize()
+        assert groupmm._native.take_offs_error(torch.cuda.current_device())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+def test_take_rows_is_the_row_gather(device, dtype):
+    """``_glue.take_rows(x, src)`` is ``x[src]`` exactly (the fused block's dY), also on
+    strided and int64 indices, and differentiable while autograd records."""
+    from groupmm._glue import take_rows
+
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(41, 72, generator=gen, dtype=F64).to(device, dtype)
+    src = torch.randint(0, 41, (300,), generator=gen).to(device)
+    assert torch.equal(take_rows(x, src), x[src])
+    assert torch.equal(take_rows(x[:, ::2], src.int()), x[:, ::2][src])
+    xg = x.double().requires_grad_()
+    take_rows(xg, src).sum().backward()
+    assert torch.equal(
+        xg.grad,
+        torch.bincount(src.cpu(), minlength=41).to(xg).unsqueeze(1).expand(41, 72).to(device),
+    )
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_out_of_range_indices_are_reported_and_read_nothing(device):
     """An index outside [0, rows) is never read and never silently a zero row: on the CPU
     the op raises, naming the index; on CUDA the kernel skips it (reads and writes
