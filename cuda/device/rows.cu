@@ -1,7 +1,10 @@
 // The row kernels of the MoE glue (what each op computes: rows.h). Memory-bound: each
 // thread moves 16-byte vectors when every row starts 16-byte aligned (else one element),
-// grid-stride loops over at most a few blocks per SM, arithmetic in fp32 (fp64 for
-// float64), one rounding per output element.
+// arithmetic in fp32 (fp64 for float64), one rounding per output element. The gathering
+// kernels (GatherSum, ScatterRows) issue all of a thread's index loads, then all of its row
+// loads, before the first use (kLoads below), over a grid of the blocks resident at once;
+// the elementwise ones (SwiGLU and its gradient) and RowDots grid-stride over at most eight
+// blocks per SM.
 #include "device/rows.h"
 
 #include <cuda_bf16.h>
@@ -309,12 +312,10 @@ unsigned blocks_for(int64_t threads, int sm_count) {
   return unsigned(std::max<int64_t>(1, std::min(want, cap)));
 }
 
-// A grid sized to the GPU for the gathering kernels: enough blocks for `items` work items
-// at `per_thread` items a thread, at most as many as are resident at once (the occupancy of
-// `kernel` at kThreads threads, read once into the caller's `per_sm`, a static of the
-// kernel's own launcher), so that a grid-stride loop runs in one wave.
+// The blocks of `kernel` resident on one SM at kThreads threads (its occupancy), read once
+// into `per_sm`, a static of the kernel's own launcher.
 template <class K>
-unsigned resident_blocks(K* kernel, std::atomic<int>& per_sm, int64_t items, int per_thread, int sm_count) {
+int resident_per_sm(K* kernel, std::atomic<int>& per_sm) {
   int resident = per_sm.load(std::memory_order_relaxed);
   if (resident == 0) {
     int b = 0;
@@ -325,6 +326,13 @@ unsigned resident_blocks(K* kernel, std::atomic<int>& per_sm, int64_t items, int
     resident = std::max(b, 1);
     per_sm.store(resident, std::memory_order_relaxed);
   }
+  return resident;
+}
+
+// A grid sized to the GPU for the gathering kernels: enough blocks for `items` work items
+// at `per_thread` items a thread, at most as many as are resident at once, so that a
+// grid-stride loop runs in one wave.
+inline unsigned resident_grid(int resident, int64_t items, int per_thread, int sm_count) {
   const int64_t chunk = int64_t(kThreads) * per_thread;
   const int64_t want = (items + chunk - 1) / chunk;
   const int64_t cap = int64_t(std::max(sm_count, 1)) * resident;
@@ -335,25 +343,25 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 // GatherSum with kLoads loads in flight per thread: U items of KC rows each (U * KC =
 // kLoads); k = 1 without weights copies.
+// GatherSum with U items of KC rows a thread.
 template <class T, class W, int V, int U, int KC, int kOne>
 void launch_gather(const RowsArgs& a) {
   auto* kernel = gather_sum<T, W, V, U, KC, kOne>;
   static std::atomic<int> per_sm{0};
+  const int resident = resident_per_sm(kernel, per_sm);
   const int64_t items = a.tokens * (a.cols / V);
-  kernel<<<resident_blocks(kernel, per_sm, items, U, a.sm_count), kThreads, 0, a.stream>>>(
+  kernel<<<resident_grid(resident, items, U, a.sm_count), kThreads, 0, a.stream>>>(
       static_cast<const T*>(a.x), a.inverse, static_cast<const W*>(a.weights),
       static_cast<T*>(a.out), a.tokens, a.top_k, a.rows, a.cols, a.err_flag);
 }
 
 // The (U, KC) of a GatherSum call: kLoads loads a thread; k = 1 by U items, k = 2 .. 4 by
-// U = kLoads / KC items of KC rows; wider k one item at a time in chunks of kLoads rows, or,
-// for a problem of fewer items than one wave of resident threads (no occupancy to lose),
-// of 8 or 16 rows: one index and one row round trip for the whole sum.
+// U = kLoads / KC items of KC rows; wider k one item at a time in chunks of kLoads rows.
+// (Small problems in one chunk of 8 or 16 rows, one index and one row round trip for the
+// whole sum, measured no faster on T = 256 and 4096: cuda/NOTES.md.)
 template <class T, class W, int V>
 void launch_gather_k(const RowsArgs& a) {
   static_assert(kLoads == 4 || kLoads == 8, "kLoads: 4 or 8");
-  const int64_t items = a.tokens * (a.cols / V);
-  const bool small = items < int64_t(std::max(a.sm_count, 1)) * 1024;
   if (a.top_k == 1 && a.weights == nullptr) {
     launch_gather<T, W, V, kLoads, 1, kCopy>(a);
   } else if (a.top_k == 1) {
@@ -362,10 +370,6 @@ void launch_gather_k(const RowsArgs& a) {
     launch_gather<T, W, V, kLoads / 2, 2, kSum>(a);
   } else if (a.top_k <= 4) {
     launch_gather<T, W, V, kLoads / 4, 4, kSum>(a);
-  } else if (small && a.top_k <= 8) {
-    launch_gather<T, W, V, 1, 8, kSum>(a);
-  } else if (small) {
-    launch_gather<T, W, V, 1, 16, kSum>(a);
   } else {
     launch_gather<T, W, V, 1, kLoads, kSum>(a);
   }
@@ -386,15 +390,14 @@ void launch_typed(const RowsArgs& a) {
       swiglu_backward<T, V><<<blocks_for(a.rows * cv, a.sm_count), kThreads, 0, a.stream>>>(
           x, y, static_cast<T*>(a.out), a.rows, a.cols);
       break;
-    case RowsOp::GatherSum:
-      launch_gather_k<T, W, V>(a);
-      break;
+    case RowsOp::GatherSum: launch_gather_k<T, W, V>(a); break;
     case RowsOp::ScatterRows: {
       invert<<<blocks_for(a.tokens * a.top_k, a.sm_count), kThreads, 0, a.stream>>>(
           a.inverse, a.scratch, a.tokens * a.top_k, a.rows, a.err_flag);
       auto* kernel = scatter_rows<T, W, V, kScatterU>;
       static std::atomic<int> per_sm{0};
-      kernel<<<resident_blocks(kernel, per_sm, a.rows * cv, kScatterU, a.sm_count), kThreads, 0,
+      const int resident = resident_per_sm(kernel, per_sm);
+      kernel<<<resident_grid(resident, a.rows * cv, kScatterU, a.sm_count), kThreads, 0,
                a.stream>>>(x, a.scratch, w, static_cast<T*>(a.out), a.top_k, a.rows, a.cols);
       break;
     }
