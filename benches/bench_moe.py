@@ -653,6 +653,14 @@ def render_md(doc: dict) -> str:
             s = f"**{s}**"
         return s + (f" ({p['min']:.2f}–{p['max']:.2f})" if p else "")
 
+    def host_cell(r):
+        # the host's time per fused step (issue 28: below the GPU time, so that the GPU
+        # never waits for the host); bold where it is not
+        h, g = (r.get("host_ms") or {}).get("fused"), r["ms"].get("fused")
+        if h is None:
+            return "-"
+        return f"**{h:.2f}**" if g is not None and h >= g else f"{h:.2f}"
+
     def mem_cell(r):
         pk = r.get("peak_bytes") or {}
         s = f"{_mib(pk.get('fused'))} / {_mib(pk.get('sonicmoe'))}"
@@ -661,10 +669,11 @@ def render_md(doc: dict) -> str:
 
     out += [
         "",
-        "| config (d, d_ff, E, k) | T | routing | pass | groupmm fused ms | groupmm unfused ms "
-        "| torch-gmm ms | plain ms | SonicMoE ms | fused speed / SonicMoE | / torch-gmm "
-        "| / plain | peak MiB fused / SonicMoE | peak MiB unfused / torch-gmm / plain |",
-        "| --- | ---: | --- | --- |" + " ---: |" * 10,
+        "| config (d, d_ff, E, k) | T | routing | pass | groupmm fused ms | fused host ms "
+        "| groupmm unfused ms | torch-gmm ms | plain ms | SonicMoE ms | fused speed / SonicMoE "
+        "| / torch-gmm | / plain | peak MiB fused / SonicMoE "
+        "| peak MiB unfused / torch-gmm / plain |",
+        "| --- | ---: | --- | --- |" + " ---: |" * 11,
     ]
     for r in rows:
         pk = r.get("peak_bytes") or {}
@@ -673,7 +682,9 @@ def render_md(doc: dict) -> str:
             str(r["T"]),
             r["routing"],
             r["pass"],
-            *(ms_cell(r, k) for k in IMPLS),
+            ms_cell(r, IMPLS[0]),
+            host_cell(r),
+            *(ms_cell(r, k) for k in IMPLS[1:]),
             ratio_cell(r, "sonicmoe", TARGET_MIN),
             ratio_cell(r, "torch-gmm"),
             ratio_cell(r, "plain"),

@@ -448,6 +448,28 @@ def test_estimate_is_a_budget_model(capsys):
         bench.parse_args(["--routing", "zipf"])
 
 
+def test_md_shows_the_fused_host_time_bold_where_it_reaches_the_gpu_time():
+    """Issue 28's host-time column: the fused step's host ms beside its GPU ms, bold
+    where the host is not faster than the GPU (the GPU would wait for it)."""
+    row = {
+        "config": "qwen3-30b-a3b",
+        "d_model": 2048,
+        "d_ff": 768,
+        "experts": 128,
+        "top_k": 8,
+        "T": 4096,
+        "routing": "router",
+        "pass": "fwd+bwd",
+        "ms": {"fused": 2.8},
+        "host_ms": {"fused": 2.9},
+    }
+    fast = dict(row, T=16384, ms={"fused": 8.3}, host_ms={"fused": 2.7})
+    text = bench.render_md({"rows": [row, fast], "device": "X", "torch": "t", "cuda": "c"})
+    assert "| fused host ms |" in text
+    assert "| fwd+bwd | 2.80 | **2.90** | - |" in text
+    assert "| fwd+bwd | 8.30 | 2.70 | - |" in text
+
+
 def test_from_json_renders_a_file_of_the_bench_before_round_robin(tmp_path, capsys):
     path = BENCHES / "results" / "h200_moe.json"
     old = json.loads(path.read_text())
@@ -465,8 +487,9 @@ def test_from_json_renders_a_file_of_the_bench_before_round_robin(tmp_path, caps
     assert bench.main(["--from-json", str(path), "--md", str(md)]) == 0
     text = md.read_text()
     # README's table: qwen3 4096 uniform, fused 2.51, unfused 2.69, torch-gmm 3.06, plain 3.91
+    # (no host time recorded then: "-")
     assert (
-        "| qwen3 (2048, 768, 128, 8) | 4096 | uniform | fwd+bwd | 2.51 | 2.69 | 3.06 | 3.91 |"
+        "| qwen3 (2048, 768, 128, 8) | 4096 | uniform | fwd+bwd | 2.51 | - | 2.69 | 3.06 | 3.91 |"
         in (text)
     )
     assert "SonicMoE not measured" in text
