@@ -67,6 +67,7 @@ from timing import (  # benches/timing.py, same folder
     calls_for,
     gmean,
     lead_for,
+    line_buffered_stdout,
     paired,
     round_robin,
 )
@@ -1005,10 +1006,7 @@ def print_table(doc):
 
 
 def main(argv=None):
-    try:
-        sys.stdout.reconfigure(line_buffering=True)
-    except AttributeError:
-        pass
+    line_buffered_stdout()
     args = parse_args(argv)
     if args.from_json:
         doc = json.load(open(args.from_json))

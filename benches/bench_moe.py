@@ -87,7 +87,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import math
 import sys
 import time
@@ -102,6 +101,8 @@ from timing import (  # benches/timing.py, same folder
     calls_for,
     gmean,
     lead_for,
+    line_buffered_stdout,
+    load_docs,
     paired,
     round_robin,
 )
@@ -1090,16 +1091,10 @@ def print_table(doc) -> None:
 
 
 def main(argv=None) -> int:
-    try:
-        sys.stdout.reconfigure(line_buffering=True)
-    except AttributeError:
-        pass
+    line_buffered_stdout()
     args = parse_args(argv)
     if args.from_json:
-        docs = []
-        for path in args.from_json.split(","):
-            with open(path) as fh:
-                docs.append(upgrade_legacy(json.load(fh)))
+        docs = load_docs(args.from_json, upgrade_legacy)
         doc = merge_docs(docs)
         print_table(doc)
         if args.json and len(docs) > 1:

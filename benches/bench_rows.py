@@ -81,7 +81,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import math
 import sys
 import time
@@ -95,6 +94,8 @@ from timing import (  # benches/timing.py, same folder
     calls_for,
     gmean,
     lead_for,
+    line_buffered_stdout,
+    load_docs,
     paired,
     round_robin,
 )
@@ -801,16 +802,10 @@ def print_table(doc) -> None:
 
 
 def main(argv=None) -> int:
-    try:
-        sys.stdout.reconfigure(line_buffering=True)
-    except AttributeError:
-        pass
+    line_buffered_stdout()
     args = parse_args(argv)
     if args.from_json:
-        docs = []
-        for path in args.from_json.split(","):
-            with open(path) as fh:
-                docs.append(json.load(fh))
+        docs = load_docs(args.from_json)
         doc = merge_docs(docs)
         print_table(doc)
         if args.json and len(docs) > 1:

@@ -67,6 +67,7 @@ import groupmm
 import torch
 from groupmm import fused as _fused  # _slabs: the dW_in slabs the byte budget counts
 from groupmm.moe import MoELayer
+from timing import line_buffered_stdout  # benches/timing.py, same folder
 
 #: where the rows run (the CPU tests point it at the CPU)
 DEV = "cuda"
@@ -821,10 +822,7 @@ def profile_shape(cname, T, layer, S, sonic_w, why_no_sonic, args, dev, dtype):
 
 
 def main(argv=None) -> int:
-    try:
-        sys.stdout.reconfigure(line_buffering=True)
-    except AttributeError:
-        pass
+    line_buffered_stdout()
     args = parse_args(argv)
     if args.from_json:
         with open(args.from_json) as fh:

@@ -36,6 +36,7 @@ import json
 import math
 import os
 import statistics
+import sys
 import time
 
 import torch
@@ -311,6 +312,26 @@ def round_robin(
 
 # --------------------------------------------------------------------------- reports
 # The summary math and output writing that bench_gpu and bench_moe share.
+
+
+def line_buffered_stdout() -> None:
+    """Print every line as it comes (a bench's progress reaches a log that a time limit
+    may cut off), where the stream allows it."""
+    try:
+        sys.stdout.reconfigure(line_buffering=True)
+    except AttributeError:
+        pass
+
+
+def load_docs(paths: str, upgrade=None) -> list:
+    """The result documents of a comma list of JSON files (``--from-json``), each passed
+    through ``upgrade`` (e.g. a reader of an older schema) when given."""
+    docs = []
+    for path in paths.split(","):
+        with open(path) as fh:
+            doc = json.load(fh)
+        docs.append(upgrade(doc) if upgrade else doc)
+    return docs
 
 
 def gmean(v):
