@@ -14,6 +14,10 @@ Each op (``torch.ops.groupmm.swiglu_up`` and ``gated_down``, which make
 :func:`expert_block`; ``expert_up``, ``expert_down``) is a ``torch.library`` custom op
 with a fake kernel and an autograd formula, so ``torch.compile(fullgraph=True)``,
 ``opcheck`` and double backward (through differentiable fallbacks) work, on CPU and CUDA.
+Eager :func:`expert_block` calls on plain tensors run the two ops' ``autograd.Function``
+twins (:class:`_SwigluUpFn`, :class:`_GatedDownFn`: the same forward, saved tensors and
+backward, without the custom-op dispatch on the host); ``src`` and ``inverse`` are made
+int32 once per call, the form every kernel reads.
 
 What runs, in :func:`expert_block` (two ops, split where SonicMoE splits the layer, so
 that autograd frees ``pre`` as soon as the down projection's backward is done):
