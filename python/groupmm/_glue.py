@@ -165,7 +165,7 @@ def take_rows(x: Tensor, src: Tensor) -> Tensor:
     routed row named once (``R = T*k``) this is :func:`to_rows` without weights."""
     if _rows.differentiable(x):
         return x.index_select(0, src)
-    return _rows.gather_sum(x, src.view(-1, 1), None)
+    return _rows.gather_sum(x, src.reshape(-1, 1), None)
 
 
 class Dispatch(torch.autograd.Function):

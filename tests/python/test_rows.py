@@ -124,6 +124,7 @@ def test_take_rows_is_the_row_gather(device, dtype):
     src = torch.randint(0, 41, (300,), generator=gen).to(device)
     assert torch.equal(take_rows(x, src), x[src])
     assert torch.equal(take_rows(x[:, ::2], src.int()), x[:, ::2][src])
+    assert torch.equal(take_rows(x, src[::3].int()), x[src[::3]])  # a strided index
     xg = x.double().requires_grad_()
     take_rows(xg, src).sum().backward()
     assert torch.equal(
