@@ -70,6 +70,7 @@ from timing import (  # benches/timing.py, same folder
     line_buffered_stdout,
     paired,
     round_robin,
+    rr_settings,
 )
 from timing import mark as _mark
 from timing import spread_pct as _spread_pct
@@ -819,17 +820,7 @@ def run_shape(name, spec, T, routings, passes, dtype, args, ceil, torch_gmm, Q, 
                 qargs = None
             if args.no_loop:
                 impls.pop("loop", None)
-            rr = {
-                "rounds": args.rounds,
-                "sample_ms": args.sample_ms,
-                "calls": args.calls,
-                "min_calls": args.min_calls,
-                "max_calls": args.max_calls,
-                "warmup": args.warmup,
-                "graph": args.graph,
-                "lead": not args.no_lead,
-                "isolated": args.isolated,
-            }
+            rr = {**rr_settings(args), "lead": not args.no_lead, "isolated": args.isolated}
             quack = None
             errors = {}
             if torch_gmm is None:

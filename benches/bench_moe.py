@@ -105,6 +105,7 @@ from timing import (  # benches/timing.py, same folder
     load_docs,
     paired,
     round_robin,
+    rr_settings,
 )
 from timing import mark as _mark
 from timing import spread_pct as _spread_pct
@@ -989,15 +990,7 @@ def run_row(plan_row, layer, S, sonic_w, why_no_sonic, args, dev, dtype) -> dict
             diffs[name] = rel_diff(outs[name], outs["fused"])
     outs.clear()
     clear()
-    timed, meta = round_robin(
-        steps,
-        rounds=args.rounds,
-        sample_ms=args.sample_ms,
-        calls=args.calls,
-        min_calls=args.min_calls,
-        max_calls=args.max_calls,
-        warmup=args.warmup,
-    )
+    timed, meta = round_robin(steps, **rr_settings(args))
     peaks, grad_diffs, ref = {}, {}, None
     for name, step in steps.items():
         if (timed.get(name) or {}).get("error"):
@@ -1153,15 +1146,7 @@ def main(argv=None) -> int:
         "sonicmoe": S is not None,
         "sonicmoe_why": why,
         "versions": peer_versions(),
-        "timer": {
-            "rounds": args.rounds,
-            "sample_ms": args.sample_ms,
-            "calls": args.calls,
-            "min_calls": args.min_calls,
-            "max_calls": args.max_calls,
-            "warmup": args.warmup,
-            "sonic_warmup": "one step per row before timing",
-        },
+        "timer": {**rr_settings(args), "sonic_warmup": "one step per row before timing"},
         "rows": [],
         "skipped": [],
     }

@@ -98,6 +98,7 @@ from timing import (  # benches/timing.py, same folder
     load_docs,
     paired,
     round_robin,
+    rr_settings,
 )
 from timing import spread_pct as _spread_pct
 from timing import write_outputs as timing_write
@@ -709,14 +710,7 @@ def run_row(row: dict, idx: Indices, args, dev) -> dict:
     src = torch.empty(n, device=dev, dtype=torch.uint8).random_()
     dst = torch.empty_like(src)
     timed, meta = round_robin(
-        {"groupmm": gm, "torch": tc, "copy": lambda: dst.copy_(src)},
-        rounds=args.rounds,
-        sample_ms=args.sample_ms,
-        calls=args.calls,
-        min_calls=args.min_calls,
-        max_calls=args.max_calls,
-        warmup=args.warmup,
-        graph=args.graph,
+        {"groupmm": gm, "torch": tc, "copy": lambda: dst.copy_(src)}, **rr_settings(args)
     )
     return make_row(dict(row, lead_ms=meta["lead_ms"]), timed, chk, errors)
 
@@ -854,15 +848,7 @@ def main(argv=None) -> int:
         "groupmm": groupmm.build_info(),
         "max_gib": args.max_gib,
         "seed": args.seed,
-        "timer": {
-            "rounds": args.rounds,
-            "sample_ms": args.sample_ms,
-            "calls": args.calls,
-            "min_calls": args.min_calls,
-            "max_calls": args.max_calls,
-            "warmup": args.warmup,
-            "graph": args.graph,
-        },
+        "timer": rr_settings(args),
         "rows": [],
         "skipped": list(skipped),
     }

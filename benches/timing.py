@@ -314,6 +314,16 @@ def round_robin(
 # The summary math and output writing that bench_gpu and bench_moe share.
 
 
+#: the keyword arguments of :func:`round_robin` a bench's command line sets
+RR_ARGS = ("rounds", "sample_ms", "calls", "min_calls", "max_calls", "warmup", "graph")
+
+
+def rr_settings(args) -> dict:
+    """:func:`round_robin`'s keyword arguments from a bench's parsed command line: those of
+    ``RR_ARGS`` that ``args`` has (also what the bench records as its timer)."""
+    return {k: getattr(args, k) for k in RR_ARGS if hasattr(args, k)}
+
+
 def line_buffered_stdout() -> None:
     """Print every line as it comes (a bench's progress reaches a log that a time limit
     may cut off), where the stream allows it."""

@@ -579,3 +579,33 @@ def test_load_docs_reads_a_comma_list_and_upgrades_each(tmp_path):
     assert up == [{"rows": [1], "upgraded": True}]
     with pytest.raises(FileNotFoundError):
         timing.load_docs(str(tmp_path / "missing.json"))
+
+
+def test_rr_settings_takes_the_round_robin_arguments_a_command_line_has():
+    """timing.rr_settings: round_robin's keyword arguments from parsed args, only those
+    the bench defines (bench_moe has no --graph), nothing else."""
+    import argparse
+
+    full = argparse.Namespace(
+        rounds=5,
+        sample_ms=3.0,
+        calls=None,
+        min_calls=3,
+        max_calls=50,
+        warmup=2,
+        graph=True,
+        budget_s=10,
+    )
+    assert timing.rr_settings(full) == {
+        "rounds": 5,
+        "sample_ms": 3.0,
+        "calls": None,
+        "min_calls": 3,
+        "max_calls": 50,
+        "warmup": 2,
+        "graph": True,
+    }
+    no_graph = argparse.Namespace(
+        rounds=1, sample_ms=1.0, calls=2, min_calls=1, max_calls=9, warmup=1
+    )
+    assert "graph" not in timing.rr_settings(no_graph)
