@@ -73,7 +73,7 @@ through ``inverse``. The glue formulas (:func:`~groupmm._glue.sum_copies`,
 """
 
 # NB: no ``from __future__ import annotations``: torch.library reads the annotations.
-from typing import List, Optional, Tuple
+from typing import List, Optional, Tuple, cast
 
 import torch
 from torch import Tensor
@@ -271,8 +271,8 @@ def _up_grads(
     x: Tensor,
     w: Tensor,
     offs: Tensor,
-    src: Tensor,
-    inverse: Tensor,
+    src: Optional[Tensor],
+    inverse: Optional[Tensor],
     need_x: bool,
     need_w: bool,
 ) -> Tuple[Optional[Tensor], Optional[Tensor]]:
@@ -282,9 +282,13 @@ def _up_grads(
     (:func:`_gather_k_mm`), or, while autograd records a graph, gathered by torch ops."""
     dx = dw = None
     if need_x:
-        dx = sum_copies(grouped_mm(d_pre, w.transpose(-2, -1), offs=offs), inverse)
+        dx = grouped_mm(d_pre, w.transpose(-2, -1), offs=offs)
+        if src is not None:  # with src, inverse too (_block)
+            dx = sum_copies(dx, cast(Tensor, inverse))
     if need_w:
-        if _rows.differentiable(d_pre, x):
+        if src is None:  # x's rows are the routed rows
+            dw = _weight_grad(x, d_pre, offs, w)
+        elif _rows.differentiable(d_pre, x):
             dw = _weight_grad(x.index_select(0, src), d_pre, offs, w)
         else:
             dw = _gather_k(x, d_pre, offs, src, False, column_major(w))
@@ -321,14 +325,14 @@ def _check_gate_up(name: str, w: Tensor) -> None:
 
 @torch.library.custom_op("groupmm::swiglu_up", mutates_args=())
 def _swiglu_up(
-    x: Tensor, w_in: Tensor, offs: Tensor, src: Tensor, inverse: Tensor
+    x: Tensor, w_in: Tensor, offs: Tensor, src: Optional[Tensor], inverse: Optional[Tensor]
 ) -> Tuple[Tensor, Tensor]:
     return _swiglu_mm(x, w_in, offs, src)
 
 
 @_swiglu_up.register_fake
 def _swiglu_up_fake(x, w_in, offs, src, inverse):
-    rows, width = src.shape[0], w_in.shape[-1]
+    rows, width = (x if src is None else src).shape[0], w_in.shape[-1]
     return x.new_empty(rows, width), x.new_empty(rows, width // 2)
 
 
@@ -363,8 +367,8 @@ def _gated_down(
     act: Tensor,
     w_out: Tensor,
     offs: Tensor,
-    src: Tensor,
-    inverse: Tensor,
+    src: Optional[Tensor],
+    inverse: Optional[Tensor],
     weights: Optional[Tensor],
     own_pre: bool = False,
 ) -> Tensor:
@@ -372,13 +376,15 @@ def _gated_down(
 
 
 def _gated_down_forward(act, w_out, offs, inverse, weights):
-    """The down projection and the weighted combine (op ``gated_down``'s forward)."""
-    return combine(grouped_mm(act, w_out, offs=offs), inverse, weights)
+    """The down projection and the weighted combine (op ``gated_down``'s forward); the
+    rows themselves without ``inverse`` (:func:`_block`)."""
+    y = grouped_mm(act, w_out, offs=offs)
+    return y if inverse is None else combine(y, inverse, weights)
 
 
 @_gated_down.register_fake
 def _gated_down_fake(pre, act, w_out, offs, src, inverse, weights, own_pre=False):
-    return act.new_empty(inverse.shape[0], w_out.shape[-1])
+    return act.new_empty((act if inverse is None else inverse).shape[0], w_out.shape[-1])
 
 
 def _gated_down_setup(ctx, inputs, output):
@@ -413,7 +419,7 @@ def _gated_down_grad(ctx, d_out):
     # d_out through src (GROUPMM_SM90_GATHER=1) are slower than this copy plus the TMA
     # kernels (cuda/heuristics/choose.cc), and each would gather it again where they do not
     # run.
-    dy = take_rows(d_out, src)
+    dy = d_out if src is None else take_rows(d_out, src)
     if _rows.differentiable(d_out, w_out, pre, weights):  # double backward
         d_pre, act_s, row_grad = _dgated_composed(dy, w_out, offs, pre, scale)
     elif _overwrites_pre(ctx.own_pre):
@@ -513,12 +519,27 @@ def expert_block(
     # before the ops: their fakes (torch.compile) check nothing, the indices are converted
     # to int32 before the native calls, only the backward reads some operands, and the
     # GEMMs would name w_in and w_out "w" and "b"
+    _check_experts(x, w_in, w_out)
+    _check_routes(x, offs, src, inverse)
+    _check_expert_count(x, w_in, w_out, offs.shape[0])
+    if weights is not None:
+        check.tensor("weights", weights)
+        check.same_shape("weights", weights, "inverse", inverse)
+    return _block(x, w_in, w_out, offs, _int32(src), _int32(inverse), weights)
+
+
+def _check_experts(x: Tensor, w_in: Tensor, w_out: Tensor) -> None:
+    """The ranks of ``x``, ``w_in`` and ``w_out`` and ``w_in``'s even width."""
     check.dims("x", x, 2, "[T, D]")
     check.dims("w_in", w_in, 3, "[E, D, 2F]")
     check.dims("w_out", w_out, 3, "[E, F, D]")
-    _check_routes(x, offs, src, inverse)
     _check_gate_up("w_in", w_in)
-    experts, width = offs.shape[0], x.shape[1]
+
+
+def _check_expert_count(x: Tensor, w_in: Tensor, w_out: Tensor, experts: int) -> None:
+    """``w_in [E, D, 2F]`` and ``w_out [E, F, D]`` with ``E = experts`` (``len(offs)``)
+    and ``D`` the width of ``x [T, D]``, in ``x``'s dtype."""
+    width = x.shape[1]
     ok = w_in.shape[0] == experts and w_in.shape[1] == width
     what = "[E={}, D={}, 2F] (E = len(offs), D = x.shape[1])"
     check.shape("w_in", w_in, ok, what, experts, width)
@@ -527,10 +548,22 @@ def expert_block(
     check.shape("w_out", w_out, ok, what, experts, w_in.shape[2] // 2, width)
     check.dtype("w_in", w_in, x.dtype, "x")
     check.dtype("w_out", w_out, x.dtype, "x")
-    if weights is not None:
-        check.tensor("weights", weights)
-        check.same_shape("weights", weights, "inverse", inverse)
-    src, inverse = _int32(src), _int32(inverse)
+
+
+def _block(
+    x: Tensor,
+    w_in: Tensor,
+    w_out: Tensor,
+    offs: Tensor,
+    src: Optional[Tensor],
+    inverse: Optional[Tensor],
+    weights: Optional[Tensor],
+) -> Tensor:
+    """The two ops of :func:`expert_block` on checked arguments (int32 indices). Also
+    what :func:`groupmm.parallel.expert_compute` runs on rows already in expert order:
+    ``src`` None (``x``'s rows are the routed rows: no gather, ``dy = d_out``) with
+    ``inverse`` None (the output is the rows ``y`` themselves: no combine, no
+    ``weights``) or ``arange(R)`` as ``[R, 1]`` (each row scaled by its weight)."""
     # pre is the block's own: gated_down's backward may write its gradient over it
     if direct(x, w_in, w_out, offs, src, inverse, weights):
         pre, act = _SwigluUpFn.apply(x, w_in, offs, src, inverse)

@@ -24,9 +24,10 @@ module holds the public functions and modules on top of it.
 
 from __future__ import annotations
 
-from typing import NamedTuple, cast
+from typing import Any, NamedTuple, cast
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from . import _checks as check
@@ -36,6 +37,7 @@ from ._glue import combine_backward as combine_backward
 from ._glue import sum_copies as sum_copies
 from .fused import expert_block
 from .nn import GroupedExperts
+from .parallel import Plan, dispatch_combine, expert_parallel_block
 
 __all__ = [
     "MoELayer",
@@ -256,6 +258,14 @@ class MoELayer(nn.Module):
         normalize: renormalise top-k weights, see :class:`TopKRouter`.
         aux_loss_coef: load-balancing loss scale (0 turns it off).
         pad_to: pad each expert group to a multiple of this (see :func:`permute`).
+        ep_group: shard the experts over this ``torch.distributed`` process group
+            (expert parallelism, :mod:`groupmm.parallel`): this rank holds experts
+            ``rank*E/W ... (rank+1)*E/W - 1`` of ``E = num_experts`` (divisible by the
+            group's size ``W``), the router is whole on every rank, and ``forward``
+            (collective: every rank calls it, with its own tokens) sends each token copy
+            to its expert's rank and the results back. The router's gradient is this
+            rank's share: reduce it as for any replicated parameter (DDP, FSDP).
+            :meth:`sharded` makes such a layer from a whole one.
         fused: run the experts as :func:`groupmm.fused.expert_block`, one operation
             from the tokens to the combined output (gather, up projection and SwiGLU in
             one native call, on Hopper one kernel; down projection, router weights and
@@ -286,6 +296,8 @@ class MoELayer(nn.Module):
         fused: bool | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        *,
+        ep_group: Any = None,
     ) -> None:
         super().__init__()
         # constructor arguments: nothing native sees them
@@ -301,6 +313,17 @@ class MoELayer(nn.Module):
                 "fused: needs activation='swiglu', bias=False and pad_to=None, found "
                 f"activation={activation!r}, bias={bias}, pad_to={pad_to}"
             )
+        check.positive_int("num_experts", num_experts)
+        local = num_experts
+        if ep_group is not None:
+            world = dist.get_world_size(ep_group)
+            if num_experts % world:
+                raise ValueError(
+                    f"num_experts: expected a multiple of the ep_group's size {world}, "
+                    f"found {num_experts}"
+                )
+            local = num_experts // world
+        self.ep_group = ep_group
         self.pad_to = pad_to
         self.fused = fused
         self.router = TopKRouter(
@@ -313,13 +336,14 @@ class MoELayer(nn.Module):
             dtype=dtype,
         )
         self.experts = GroupedExperts(
-            num_experts, d_model, d_ff, activation, bias, device=device, dtype=dtype
+            local, d_model, d_ff, activation, bias, device=device, dtype=dtype
         )
         self.aux_loss = None
 
     @property
     def num_experts(self) -> int:
-        return self.experts.num_experts
+        """``E``, all experts (with ``ep_group``, this rank holds ``E / W`` of them)."""
+        return self.router.num_experts
 
     @property
     def top_k(self) -> int:
@@ -332,7 +356,9 @@ class MoELayer(nn.Module):
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
         route = self.router(flat)
-        if self.fused:
+        if self.ep_group is not None:
+            out = self._sharded_forward(flat, route).view(shape)
+        elif self.fused:
             r = routes(route.expert_ids, self.num_experts)
             ex = self.experts
             args = (flat, ex.w_in, ex.w_out, r.offs, r.src, r.inverse, route.weights)
@@ -345,6 +371,51 @@ class MoELayer(nn.Module):
             return out, route.aux_loss
         self.aux_loss = route.aux_loss
         return out
+
+    def _sharded_forward(self, flat: torch.Tensor, route: RouterOutput) -> torch.Tensor:
+        ex = self.experts
+        if self.fused:
+            args = (flat, route.expert_ids, route.weights, ex.w_in, ex.w_out, self.ep_group)
+            return expert_parallel_block(*args)
+
+        def local(received: torch.Tensor, p: Plan) -> torch.Tensor:
+            q = routes(p.local_ids, ex.num_experts, self.pad_to)
+            y = ex(dispatch(received, q), q.offs)
+            return Combine.apply(y, q.inverse, None)  # back in received order
+
+        ids, weights = route.expert_ids, route.weights
+        return dispatch_combine(flat, ids, weights, ex.num_experts, local, self.ep_group)
+
+    def sharded(self, ep_group: Any = None) -> MoELayer:
+        """A copy of this whole layer with its experts sharded over ``ep_group`` (the
+        world by default): the same router, and this rank's ``E / W`` experts' weights.
+        Collective only in that every rank builds its own; call it with the same whole
+        layer on every rank."""
+        if self.ep_group is not None:
+            raise ValueError("ep_group: this layer's experts are sharded already")
+        ex = self.experts
+        w = ex.w_in
+        layer = MoELayer(
+            ex.d_model,
+            ex.d_ff,
+            self.num_experts,
+            self.top_k,
+            ex.activation,
+            ex.b_in is not None,
+            self.router.normalize,
+            self.router.aux_loss_coef,
+            self.pad_to,
+            self.fused,
+            device=w.device,
+            dtype=w.dtype,
+            ep_group=ep_group if ep_group is not None else dist.group.WORLD,
+        )
+        layer.router.load_state_dict(self.router.state_dict())
+        lo = dist.get_rank(ep_group) * layer.experts.num_experts
+        hi = lo + layer.experts.num_experts
+        mine = {k: v[lo:hi] for k, v in ex.state_dict().items()}
+        layer.experts.load_state_dict(mine)
+        return layer
 
 
 #: the routing's former name, still imported by benches/bench_moe.py and
