@@ -11,36 +11,47 @@ dispatched.
   the counted ones contribute nothing), with no host sync: the entry for torchtitan's EP,
   DeepEP-style dispatchers and other engines' own exchanges.
 
-One step of :func:`expert_parallel_block` on each rank::
+One step of :func:`expert_parallel_block` on each rank (``W`` ranks, ``e = E / W``
+experts each)::
 
-    routes(ids)           local copies in global-expert order: offs, src, inverse, counts
-    rows = x[src]         the send buffer (global-expert order is destination-rank order)
-    all_to_all(counts)    [W, E/W] per-expert counts, equal splits, on the device, with a
-                          flag per rank for routing indices out of range
+    needed[t, w]          whether token t chose any expert of rank w
+    all_to_all(counts)    [W, 3]: rows per rank, expert copies per rank, and a flag for
+                          routing ids out of range; equal splits, on the device
     .tolist()             THE host sync: the split sizes that all_to_all_single takes as
-                          Python ints (and every rank's flag, so that a bad index raises
-                          the same error on every rank instead of hanging the others)
-    all_to_all(rows)      uneven splits: received rows, by (source rank, local expert)
-    expert block          local experts on the received rows read through a routed index
-                          (no copy into expert order), output back in received order
-    all_to_all(y)         the reverse exchange
-    combine               out[t] = sum_j weights[t, j] * y[inverse[t, j]]
+                          Python ints, the copies to expect, and every rank's flag (so a
+                          bad id raises the same error on every rank, none left waiting)
+    all_to_all(rows)      each token ONCE to each rank that holds any of its experts (not
+                          once per expert: with top-8 routing, ~2 rows per token instead
+                          of 8 at W = 2), with its local expert ids and router weights
+    expert block          the received rows' local expert copies: the fused block, rows
+                          read through a routed index, the copies of each row weighted
+                          and summed on the expert's rank
+    all_to_all(y)         one result per (token, rank) back
+    combine               out[t] = the sum of token t's results, one per rank
 
-The backward runs the exchanges in reverse (no host sync: the split sizes are kept).
-Expert weight gradients are local to their rank; the router (replicated) gets a per-rank
-partial gradient that DDP or FSDP reduces as for any replicated parameter.
+The backward runs the exchanges in reverse (no host sync: the split sizes are kept), with
+no atomics (each token's rows are summed through a ``[T, W]`` slot index; each router
+weight's gradient comes from the one row that carried it). Expert weight gradients are
+local to their rank; the router (replicated) gets a per-rank partial gradient that DDP or
+FSDP reduces as for any replicated parameter.
+
+The unfused path (:class:`groupmm.moe.MoELayer` with ``fused=False``: any activation,
+biases, padding) sends one row per expert copy instead (:func:`plan`,
+:func:`dispatch_combine`), as torchtitan's all-to-all dispatcher does.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, NamedTuple, Optional, cast
+from typing import Any, Callable, List, NamedTuple, Optional, Tuple, cast
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from . import _checks as check
-from ._glue import Combine, Routes, dispatch, routes
+from . import _rows
+from ._glue import Combine, Routes, dispatch, routes, take_rows
 from .fused import _block, _check_expert_count, _check_experts, _int32
 
 __all__ = ["expert_compute", "expert_parallel_block", "exchange"]
@@ -156,13 +167,165 @@ def dispatch_combine(
     return Combine.apply(back, p.routes.inverse, weights)
 
 
-def _fused_local(w_in: Tensor, w_out: Tensor) -> LocalExperts:
-    def run(received: Tensor, p: Plan) -> Tensor:
-        local = routes(p.local_ids, w_in.shape[0])
-        src, inverse = _int32(local.src), _int32(local.inverse)
-        return _block(received, w_in, w_out, local.offs, src, inverse, None)
+# --------------------------------------------------------------------------- one copy per rank
 
-    return run
+
+class TokenPlan(NamedTuple):
+    """One rank's side of a dispatch that sends each token once to each rank holding any
+    of its experts (:func:`plan_tokens`); the ``N`` rows sent go in destination-rank
+    order, then token order."""
+
+    send_tokens: Tensor
+    """int32 ``[N]`` token of each row sent."""
+    slots: Tensor
+    """int32 ``[T, W]`` row sent of token ``t`` to rank ``w``, or ``N`` (a spare zero
+    row) when ``t`` has no expert there."""
+    rank_of: Tensor
+    """int64 ``[T, k]`` rank of each chosen expert."""
+    per_rank: Tensor
+    """int64 ``[W]`` rows sent to each rank (``in_splits`` on the device)."""
+    in_splits: List[int]
+    """Rows this rank sends to each rank."""
+    out_splits: List[int]
+    """Rows this rank receives from each rank."""
+    copies: int
+    """Expert copies among the received rows (the sum of their local experts)."""
+
+
+def plan_tokens(expert_ids: Tensor, num_local: int, group: Optional[Any] = None) -> TokenPlan:
+    """:func:`plan` for one copy of each token per destination rank (collective; the one
+    host sync: the split sizes, the received copies and every rank's out-of-range flag)."""
+    world = dist.get_world_size(group)
+    experts = world * num_local
+    tokens = expert_ids.shape[0]
+    device = expert_ids.device
+    bad = ((expert_ids < 0) | (expert_ids >= experts)).any()
+    rank_of = torch.div(expert_ids.clamp(0, experts - 1), num_local, rounding_mode="floor")
+    needed = torch.zeros(tokens, world, dtype=torch.bool, device=device)
+    needed.scatter_(1, rank_of, True)
+    per_rank = needed.sum(0)  # tokens sent to each rank
+    flat = rank_of.reshape(-1)
+    copies = torch.zeros(world, dtype=per_rank.dtype, device=device)
+    copies.scatter_add_(0, flat, torch.ones_like(flat))
+    meta = torch.stack([per_rank, copies, bad.to(per_rank.dtype).expand(world)], dim=1)
+    recv = torch.empty_like(meta)
+    dist.all_to_all_single(recv, meta, group=group)
+    # the rows' places, queued before the host waits: by rank, then by token
+    starts = torch.cumsum(per_rank, 0) - per_rank
+    places = torch.cumsum(needed, 0) - 1 + starts  # [T, W]
+    # the host sync: all_to_all_single takes its split sizes as Python ints
+    host = torch.cat([per_rank, recv.reshape(-1)]).tolist()
+    in_splits = host[:world]
+    out_splits = host[world::3]
+    received_copies, flags = host[world + 1 :: 3], host[world + 2 :: 3]
+    if any(flags):
+        ranks = [i for i, f in enumerate(flags) if f]
+        raise ValueError(
+            f"expert_ids: expected expert ids in [0, {experts}) (E = world size {world} x "
+            f"{num_local} local experts), found ids out of range on rank(s) {ranks}"
+        )
+    sent = sum(in_splits)
+    slots = torch.where(needed, places, sent).to(torch.int32)
+    token_ids = torch.arange(tokens, device=device, dtype=torch.int32)
+    send_tokens = torch.empty(sent + 1, device=device, dtype=torch.int32)
+    # every (t, w) pair writes its row; the pairs with no row all write the spare row N
+    send_tokens.scatter_(0, slots.reshape(-1).long(), token_ids.repeat_interleave(world))
+    copies_in = sum(received_copies)
+    return TokenPlan(send_tokens[:sent], slots, rank_of, per_rank, in_splits, out_splits, copies_in)
+
+
+def _exchange_rows(
+    x: Tensor, out_splits: List[int], in_splits: List[int], group: Any, spare: bool
+) -> Tensor:
+    """``all_to_all_single`` into a fresh buffer, with one zero row after the received
+    ones when ``spare`` (the row that the slots of absent pairs name)."""
+    rows = sum(out_splits)
+    out = x.new_empty((rows + int(spare), *x.shape[1:]))
+    if spare:
+        out[rows:].zero_()
+    dist.all_to_all_single(out[:rows], x.contiguous(), out_splits, in_splits, group=group)
+    return out
+
+
+class _Send(torch.autograd.Function):
+    """The dispatch of :func:`expert_parallel_block`: each token's row, and its router
+    weights of the receiving rank's experts (0 for the others), to each rank that holds
+    any of its experts. Backward: the reverse exchanges, then each token's rows summed
+    and each weight's gradient taken from the one row that carried it (no atomics)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, x: Tensor, weights: Optional[Tensor], p: TokenPlan, local: Tensor, group: Any
+    ):
+        ctx.plan, ctx.group = p, group
+        ctx.weighted = weights is not None
+        sent = take_rows(x, p.send_tokens)
+        rows = _exchange_rows(sent, p.out_splits, p.in_splits, group, False)
+        del sent
+        if weights is None:
+            return rows, None
+        w = weights.index_select(0, p.send_tokens)
+        w = torch.where(local, w, w.new_zeros(()))
+        return rows, _exchange_rows(w, p.out_splits, p.in_splits, group, False)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, d_rows: Tensor, d_weights: Optional[Tensor]):
+        p, group = ctx.plan, ctx.group
+        back = _exchange_rows(d_rows, p.in_splits, p.out_splits, group, True)
+        dx = _rows.gather_sum(back, p.slots, None)
+        del back
+        dw = None
+        if ctx.weighted:
+            if d_weights is None:
+                d_weights = d_rows.new_zeros(d_rows.shape[0], p.rank_of.shape[1])
+            back_w = _exchange_rows(d_weights, p.in_splits, p.out_splits, group, True)
+            # weight (t, j) rode on the row sent to rank_of[t, j]: column j of that row
+            row = p.slots.long().gather(1, p.rank_of)
+            dw = back_w.gather(0, row).gather(1, _columns(row))
+        return dx, dw, None, None, None
+
+
+def _columns(row: Tensor) -> Tensor:
+    """``[T, k]`` with ``[t, j] = j``: each row's column indices."""
+    return torch.arange(row.shape[1], device=row.device).expand_as(row)
+
+
+class _Return(torch.autograd.Function):
+    """The combine of :func:`expert_parallel_block`: each received token's result back to
+    its rank, where each token's results (one per rank that held any of its experts,
+    weighted there) are summed. Backward: each token's gradient copied to its rows (a row
+    gather), then the reverse exchange."""
+
+    @staticmethod
+    def forward(ctx: Any, y: Tensor, p: TokenPlan, group: Any):
+        ctx.plan, ctx.group = p, group
+        back = _exchange_rows(y, p.in_splits, p.out_splits, group, True)
+        return _rows.gather_sum(back, p.slots, None)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, d_out: Tensor):
+        p, group = ctx.plan, ctx.group
+        rows = take_rows(d_out.contiguous(), p.send_tokens)
+        return _exchange_rows(rows, p.out_splits, p.in_splits, group, False), None, None
+
+
+def _local_routes(ids: Tensor, num_local: int, copies: int) -> Tuple[Tensor, Tensor, Tensor]:
+    """``(offs, src, inverse)`` over the ``copies`` local expert copies of the received
+    rows (``ids [R_recv, k]``, ``num_local`` in a slot of another rank's expert): the
+    copies in local-expert order and one spare row past ``offs[-1]`` that every other
+    slot names (it computes nothing and adds zero)."""
+    received, top_k = ids.shape
+    keys, order = torch.sort(ids.reshape(-1), stable=True)
+    bounds = torch.arange(num_local, device=ids.device, dtype=torch.int32)
+    offs = torch.searchsorted(keys, bounds, right=True, out_int32=True)
+    spare = int(received * top_k > copies)  # slots of other ranks' experts
+    src = torch.zeros(copies + spare, device=ids.device, dtype=torch.int32)
+    src[:copies] = torch.div(order[:copies], top_k, rounding_mode="floor")
+    positions = torch.arange(order.shape[0], device=ids.device, dtype=torch.int32)
+    inverse = torch.empty_like(positions).scatter_(0, order, positions).clamp_(max=copies)
+    return offs, src, inverse.view(received, top_k)
 
 
 def expert_parallel_block(
@@ -203,7 +366,20 @@ def expert_parallel_block(
         check.same_shape("weights", weights, "expert_ids", expert_ids)
     num_local = w_in.shape[0]
     _check_expert_count(x, w_in, w_out, num_local)
-    return dispatch_combine(x, expert_ids, weights, num_local, _fused_local(w_in, w_out), group)
+    p = plan_tokens(expert_ids, num_local, group)
+    # each sent row's chosen experts as the receiving rank's local ids (num_local for
+    # another rank's expert), sent beside the rows
+    ids = expert_ids.index_select(0, p.send_tokens.long())
+    ranks = torch.arange(len(p.in_splits), device=x.device)
+    owner = torch.repeat_interleave(ranks, p.per_rank, output_size=p.send_tokens.shape[0])
+    ids = ids - (owner * num_local).unsqueeze(1)
+    local = (ids >= 0) & (ids < num_local)
+    ids = torch.where(local, ids, num_local).to(torch.int32)
+    rows, w = _Send.apply(x, weights, p, local, group)
+    recv_ids = _exchange_rows(ids, p.out_splits, p.in_splits, group, False)
+    offs, src, inverse = _local_routes(recv_ids, num_local, p.copies)
+    y = _block(rows, w_in, w_out, offs, src, inverse, w)
+    return _Return.apply(y, p, group)
 
 
 # --------------------------------------------------------------------------- external dispatchers
