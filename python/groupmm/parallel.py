@@ -394,6 +394,7 @@ def expert_compute(
     offs: Optional[Tensor] = None,
     index: Optional[Tensor] = None,
     weights: Optional[Tensor] = None,
+    expert_ids: Optional[Tensor] = None,
 ) -> Tensor:
     """The SwiGLU experts on rows another engine dispatched: ``out[i] = weights[i] *
     (silu(a @ w_gate[g]) * (a @ w_up[g])) @ w_out[g]`` for ``a = rows[i]`` and ``g`` the
@@ -415,18 +416,26 @@ def expert_compute(
             expert order already (no gather, no copy). Not checked to be a permutation
             (that needs a host sync).
         weights: ``[R]`` (or ``[R, 1]``) per-row scale in ``rows``' order (router
-            weights), or None.
+            weights), or None; ``[R, k]`` with ``expert_ids``.
+        expert_ids: instead of ``counts``/``offs`` and ``index``: integer ``[R, k]`` (or
+            ``[R]``) local expert ids of each row, as a dispatcher that sends each token
+            once per rank gives them (DeepEP's ``-1``, or any id outside ``[0, E)``, is
+            a sentinel: that slot contributes nothing); ``out[i] = sum_j weights[i, j]
+            * expert_{ids[i, j]}(rows[i])``.
 
     Returns:
         ``[R, D]`` in ``rows``' dtype and order. Rows past the counted ones (positions
         ``>= offs[-1]``: padding, sentinel rows) are zero and get zero gradients.
     """
     _check_experts(rows, w_in, w_out)
-    if (counts is None) == (offs is None):
+    given = [counts is not None, offs is not None, expert_ids is not None]
+    if sum(given) != 1:
         raise ValueError(
-            "counts, offs: expected exactly one (integer [E] rows per expert, or int32 [E] "
-            "cumulative group ends)"
+            "counts, offs, expert_ids: expected exactly one (integer [E] rows per expert, "
+            "int32 [E] cumulative group ends, or integer [R, k] expert ids per row)"
         )
+    if expert_ids is not None:
+        return _compute_by_ids(rows, w_in, w_out, expert_ids, index, weights)
     if counts is not None:
         check.index("counts", counts, 1, "[E]")
         check.device("counts", counts, rows.device, "rows")
@@ -455,3 +464,33 @@ def expert_compute(
         if inverse is None:
             inverse = torch.arange(n, device=rows.device, dtype=torch.int32).view(n, 1)
     return _block(rows, w_in, w_out, offs, src, inverse, weights)
+
+
+def _compute_by_ids(
+    rows: Tensor,
+    w_in: Tensor,
+    w_out: Tensor,
+    expert_ids: Tensor,
+    index: Optional[Tensor],
+    weights: Optional[Tensor],
+) -> Tensor:
+    """:func:`expert_compute` with ``expert_ids``: :func:`groupmm.fused.expert_block` on
+    the rows' local copies, sentinel slots sorted past ``offs[-1]``."""
+    if index is not None:
+        raise ValueError("index: expected None with expert_ids (the ids order the rows)")
+    if expert_ids.dim() == 1:
+        expert_ids = expert_ids.unsqueeze(1)
+    n = rows.shape[0]
+    check.index("expert_ids", expert_ids, 2, "[R, k] or [R]")
+    ok = expert_ids.shape[0] == n
+    check.shape("expert_ids", expert_ids, ok, "[R={}, k] (rows.shape[0])", n)
+    check.device("expert_ids", expert_ids, rows.device, "rows")
+    if weights is not None:
+        check.tensor("weights", weights)
+        if weights.dim() == 1:
+            weights = weights.unsqueeze(1)
+        check.same_shape("weights", weights, "expert_ids", expert_ids)
+        check.device("weights", weights, rows.device, "rows")
+    r = routes(expert_ids, w_in.shape[0], placeholders=True)
+    _check_expert_count(rows, w_in, w_out, w_in.shape[0])
+    return _block(rows, w_in, w_out, r.offs, _int32(r.src), _int32(r.inverse), weights)
