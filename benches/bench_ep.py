@@ -107,6 +107,11 @@ Outputs: a line per measurement on rank 0 as it goes, the markdown table at the 
 count, torch/CUDA/torchtitan versions, groupmm's build_info, the command line, the date
 and every raw number (per rank, per round).
 
+Failures: an implementation that raises in its first or warm-up steps (on any rank) is
+left out of the row on every rank and the row says why; a rank that fails inside a
+collective later leaves the others waiting, and the process group's timeout
+(``--timeout-s``, 120 s) ends the run (the JSON keeps the rows measured before).
+
 Overlap (chunked dispatch) is not offered: overlapping one chunk's exchange with another's
 experts needs asynchronous exchanges in both passes (its own autograd), i.e. a change in
 the library, not in this bench.
@@ -845,6 +850,15 @@ def render_md(doc: dict) -> str:
                 fmt(r.get("recv_imbalance")),
             ]
             out.append("| " + " | ".join(cells) + " |")
+    out += [
+        "",
+        "step ms: median over the rounds of the slowest rank's time per step (forward + "
+        "backward); tokens/s/GPU: tokens per GPU / step; dispatch / experts / combine: "
+        "medians per rank, the largest over ranks (a rank waiting for a slower one waits in "
+        "its exchanges); speed vs torchtitan: torchtitan's step / this one's (min–max of the "
+        "round-by-round ratios); experts / single-GPU: the experts time over the single-GPU "
+        "fused block's on the same rank's received rows, the largest over ranks.",
+    ]
     errs: dict = {}
     for r in doc.get("rows", []):
         for n, why in (r.get("errors") or {}).items():
@@ -926,7 +940,9 @@ def parse_args(argv=None):
         help="torchtitan's SPMD backend (its default: spmd_types)",
     )
     p.add_argument("--no-torchtitan", action="store_true", help="leave torchtitan out")
-    p.add_argument("--timeout-s", type=float, default=300, help="process group timeout")
+    p.add_argument(
+        "--timeout-s", type=float, default=120, help="process group timeout (a hung rank aborts)"
+    )
     p.add_argument("--json", help="results, rewritten after every row (rank 0)")
     p.add_argument("--md", help="the table in markdown, rewritten after every row (rank 0)")
     p.add_argument("--from-json", help="render (and merge) result files; no GPU, no torchrun")
