@@ -1059,6 +1059,10 @@ def run(args, argv, dev, rank: int, W: int) -> int:
             *(sys.argv[1:] if argv is None else argv),
         ],
         "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "env": {
+            k: os.environ.get(k)
+            for k in ("NCCL_NVLS_ENABLE", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS")
+        },
         "device": torch.cuda.get_device_name(dev) if cuda else "cpu",
         "world": W,
         "gpus_visible": torch.cuda.device_count() if cuda else 0,
