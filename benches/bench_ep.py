@@ -663,8 +663,10 @@ def run_check(got: dict, x, ids, weights, ex, gy, ctx) -> dict:
     parts_out = [torch.empty_like(ex.w_out) for _ in range(W)]
     dist.all_gather(parts_in, ex.w_in.detach().contiguous(), group=group)
     dist.all_gather(parts_out, ex.w_out.detach().contiguous(), group=group)
-    ref = dense_reference(x, ids, weights, torch.cat(parts_in), torch.cat(parts_out), gy, ct)
+    w_in_all, w_out_all = torch.cat(parts_in), torch.cat(parts_out)
     del parts_in, parts_out
+    ref = dense_reference(x, ids, weights, w_in_all, w_out_all, gy, ct)
+    del w_in_all, w_out_all
     out, dx, dw, dwi, dwo = ref
     dist.all_reduce(dwi, group=group)
     dist.all_reduce(dwo, group=group)
