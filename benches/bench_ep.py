@@ -83,11 +83,13 @@ when the gradient passes them, plus the start, the end of the forward and the en
 backward: dispatch = start -> received (fwd) + its gradient -> end (bwd); experts = the
 local experts fwd + bwd; combine = expert output -> end of forward + start of backward ->
 the gradient of the expert output. The three add up to the step. For groupmm the
-boundaries are placed around the local-experts callable that
-``groupmm.parallel.dispatch_combine`` takes (the bench wraps that function in
-``groupmm.parallel`` and ``groupmm.moe``); for torchtitan by hooks on its
-``GroupedExperts``. Each implementation's split follows its own code: groupmm's local
-expert order (sorting the received rows' local ids) is in experts; torchtitan's permute
+boundaries are placed around the local experts: ``groupmm.parallel._block`` on the fused
+path (``expert_parallel_block``) and the local-experts callable that
+``groupmm.parallel.dispatch_combine`` takes on the unfused one (the bench wraps both in
+their modules); for torchtitan by hooks on its ``GroupedExperts``. Each implementation's
+split follows its own code: groupmm's local expert order (sorting the received rows'
+local ids) is in dispatch on the fused path and in experts on the unfused one;
+torchtitan's permute
 to expert-major order and back are in its dispatcher (dispatch, combine). Waiting for a
 slower rank shows up in the exchanges of the faster ones, so the per-phase maxima over
 ranks (the table's columns) need not add up to the step time; the JSON has every rank's.
@@ -284,9 +286,9 @@ def phases_of(ms, st: dict, ep: bool = True) -> dict:
 
 
 def install_split(split: Split) -> None:
-    """Wrap ``groupmm.parallel.dispatch_combine`` (which MoELayer's EP paths call, the fused
-    one through ``expert_parallel_block``) so that its local-experts callable runs between
-    the two marks."""
+    """Put the local experts of both groupmm EP paths between the two marks: the
+    local-experts callable of ``groupmm.parallel.dispatch_combine`` (MoELayer's unfused EP
+    path) and ``groupmm.parallel._block`` (the fused one, ``expert_parallel_block``)."""
     real = gpar.dispatch_combine
 
     def dispatch_combine(x, expert_ids, weights, num_local, experts, group=None):
@@ -296,8 +298,17 @@ def install_split(split: Split) -> None:
 
         return real(x, expert_ids, weights, num_local, local, group)
 
-    gpar.dispatch_combine = dispatch_combine  # expert_parallel_block looks it up here
     gmoe.dispatch_combine = dispatch_combine  # MoELayer's unfused EP path, imported name
+
+    # the fused path (expert_parallel_block: one row per token and rank) runs its local
+    # experts as parallel._block, between its exchanges
+    real_block = gpar._block
+
+    def block(x, w_in, w_out, offs, src, inverse, weights):
+        y = real_block(split.mark(x, "f1", "b1"), w_in, w_out, offs, src, inverse, weights)
+        return split.mark(y, "f2", "b2")
+
+    gpar._block = block  # expert_parallel_block looks it up here
 
 
 # ----------------------------------------------------------------------------------------
