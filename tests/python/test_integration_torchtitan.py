@@ -769,12 +769,12 @@ def test_cuda_fused_bf16_without_host_sync(params):
     module.load_state_dict({k: v.to(params) for k, v in ref.state_dict().items()})
     tt.enable(module.cuda(), fused=True)  # groupmm_dtype: bfloat16
     xc = x.to(device="cuda", dtype=params).requires_grad_(True)
-    cc = counts.cuda()
+    cc, goc = counts.cuda(), go.to(device="cuda", dtype=params)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
         out = module(xc, cc)
-        out.backward(go.to(device="cuda", dtype=params))
+        out.backward(goc)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     want, want_dx, want_grads = _grads(ref, x.requires_grad_(True), counts, go)
