@@ -3,8 +3,9 @@
 - :mod:`groupmm.integrations.transformers`: a Hugging Face transformers experts
   implementation (``register()``, then ``experts_implementation="groupmm"``, or
   ``enable(model)``).
-- :mod:`groupmm.integrations.torchtitan`: torchtitan's ``GroupedExperts`` with its
-  ``_grouped_mm`` seam routed to groupmm.
+- :mod:`groupmm.integrations.torchtitan`: torchtitan's SwiGLU ``GroupedExperts`` on the
+  fused expert block, its other experts with their ``_grouped_mm`` seam routed to
+  groupmm (``enable(model)``).
 
 Neither framework is a dependency of groupmm: the submodules import their framework
 only where they need it and say how to install it when it is missing.
