@@ -201,8 +201,13 @@ def expert_parallel_block(
     if weights is not None:
         check.tensor("weights", weights)
         check.same_shape("weights", weights, "expert_ids", expert_ids)
+        check.device("weights", weights, x.device, "x")
     num_local = w_in.shape[0]
     _check_expert_count(x, w_in, w_out, num_local)
+    # before the exchanges: a rank raising alone after them would leave the others waiting
+    # in the backward's (and the native rule would name w_in and w_out "w" and "b")
+    check.device("w_in", w_in, x.device, "x")
+    check.device("w_out", w_out, x.device, "x")
     return dispatch_combine(x, expert_ids, weights, num_local, _fused_local(w_in, w_out), group)
 
 
@@ -245,22 +250,22 @@ def expert_compute(
         ``[R, D]`` in ``rows``' dtype and order. Rows past the counted ones (positions
         ``>= offs[-1]``: padding, sentinel rows) are zero and get zero gradients.
     """
+    # the caller's names (rows, counts or offs), not expert_block's (x, offs)
+    check.dims("rows", rows, 2, "[R, D]")
     _check_experts(rows, w_in, w_out)
     if (counts is None) == (offs is None):
         raise ValueError(
             "counts, offs: expected exactly one (integer [E] rows per expert, or int32 [E] "
             "cumulative group ends)"
         )
+    name, groups = ("counts", counts) if counts is not None else ("offs", cast(Tensor, offs))
+    check.index(name, groups, 1, "[E]")
+    check.device(name, groups, rows.device, "rows")
+    _check_rows_experts(rows, w_in, w_out, name, groups)
     if counts is not None:
-        check.index("counts", counts, 1, "[E]")
-        check.device("counts", counts, rows.device, "rows")
         offs = torch.cumsum(counts, 0, dtype=torch.int32)
     else:
-        assert offs is not None
-        check.index("offs", offs, 1, "[E]")
-        check.device("offs", offs, rows.device, "rows")
-        offs = _int32(offs)
-    _check_expert_count(rows, w_in, w_out, offs.shape[0])
+        offs = _int32(groups)
     n = rows.shape[0]
     src = inverse = None
     if index is not None:
@@ -279,3 +284,21 @@ def expert_compute(
         if inverse is None:
             inverse = torch.arange(n, device=rows.device, dtype=torch.int32).view(n, 1)
     return _block(rows, w_in, w_out, offs, src, inverse, weights)
+
+
+def _check_rows_experts(
+    rows: Tensor, w_in: Tensor, w_out: Tensor, name: str, groups: Tensor
+) -> None:
+    """:func:`groupmm.fused._check_expert_count` in :func:`expert_compute`'s names: ``E``
+    is the length of ``groups`` (``counts`` or ``offs``, called ``name``), ``D`` the width
+    of ``rows``; ``w_in`` and ``w_out`` in ``rows``' dtype, on its device."""
+    experts, width = groups.shape[0], rows.shape[1]
+    ok = w_in.shape[0] == experts and w_in.shape[1] == width
+    what = "[E={}, D={}, 2F] (E = len({}), D = rows.shape[1])"
+    check.shape("w_in", w_in, ok, what, experts, width, name)
+    ok = w_out.shape == (experts, w_in.shape[2] // 2, width)
+    what = "[E={}, F={}, D={}] (E = len({}), 2F = w_in.shape[2], D = rows.shape[1])"
+    check.shape("w_out", w_out, ok, what, experts, w_in.shape[2] // 2, width, name)
+    for arg, t in (("w_in", w_in), ("w_out", w_out)):
+        check.dtype(arg, t, rows.dtype, "rows")
+        check.device(arg, t, rows.device, "rows")

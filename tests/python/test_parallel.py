@@ -205,12 +205,17 @@ def _error_cases():
         ("rows-1d", {"rows": "rows[0]"}, ValueError, r"rows: expected shape \[R, D\]"),
         ("counts-2d", {"counts": "counts[None]"}, ValueError, r"counts: expected shape \[E\]"),
         ("counts-float", {"counts": "counts.double()"}, TypeError, r"counts: expected an integer"),
-        ("counts-length", {"counts": "counts[:3]"}, ValueError, r"counts: expected shape \[E=4\]"),
+        (
+            "counts-length",
+            {"counts": "counts[:3]"},
+            ValueError,
+            r"w_in: expected shape \[E=3, D=5, 2F\] \(E = len\(counts\), D = rows.shape\[1\]\)",
+        ),
         (
             "offs-length",
             {"counts": None, "offs": "offs[:3]"},
             ValueError,
-            r"offs: expected shape \[E=4\]",
+            r"w_in: expected shape \[E=3, D=5, 2F\] \(E = len\(offs\), D = rows.shape\[1\]\)",
         ),
         (
             "offs-2d",
@@ -436,6 +441,12 @@ def test_expert_parallel_block_errors_name_the_argument():
             expert_parallel_block(x, ids, None, w_in, w_out.float())
         with pytest.raises(ValueError, match=r"^w_out: expected shape"):
             expert_parallel_block(x, ids, None, w_in, w_out[:3])
+        with pytest.raises(RuntimeError, match=r"^weights: expected a tensor on cpu"):
+            expert_parallel_block(x, ids, torch.rand(T, 2, dtype=F64, device="meta"), w_in, w_out)
+        with pytest.raises(RuntimeError, match=r"^w_in: expected a tensor on cpu"):
+            expert_parallel_block(x, ids, None, w_in.to("meta"), w_out)
+        with pytest.raises(RuntimeError, match=r"^w_out: expected a tensor on cpu"):
+            expert_parallel_block(x, ids, None, w_in, w_out.to("meta"))
         bad = ids.clone()
         bad[2, 1] = E
         with pytest.raises(
