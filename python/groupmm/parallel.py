@@ -38,6 +38,7 @@ from typing import Any, Callable, List, NamedTuple, Optional, cast
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from . import _checks as check
 from ._glue import Combine, Routes, dispatch, routes
@@ -51,7 +52,13 @@ __all__ = ["expert_compute", "expert_parallel_block", "exchange"]
 
 class _Exchange(torch.autograd.Function):
     """``all_to_all_single`` with uneven splits along dim 0; backward: the reverse
-    exchange (each received row's gradient goes back to the rank that sent the row)."""
+    exchange (each received row's gradient goes back to the rank that sent the row).
+
+    Once differentiable: a double backward raises instead of silently leaving out the
+    exchanges' second-order terms (the reverse exchange is a collective outside autograd).
+    An exchange recorded in the backward would not do either: a rank whose part of the
+    first backward has no graph (no tokens: gradients made as fresh zeros) records fewer
+    exchanges than the others, and the second backward waits forever."""
 
     @staticmethod
     def forward(ctx: Any, x: Tensor, out_splits: List[int], in_splits: List[int], group: Any):
@@ -60,6 +67,7 @@ class _Exchange(torch.autograd.Function):
         return _all_to_all(x, out_splits, in_splits, group)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx: Any, grad: Tensor):
         out_splits, in_splits = ctx.splits
         return _all_to_all(grad, in_splits, out_splits, ctx.group), None, None, None

@@ -423,6 +423,30 @@ def test_expert_parallel_block_world_of_one_equals_expert_block(weighted):
 
 
 @pytest.mark.skipif(not GLOO, reason="needs gloo")
+@pytest.mark.parametrize("form", ["block", "fused-layer", "unfused-layer"])
+def test_expert_parallel_double_backward_raises(form):
+    """The exchanges' backward is a collective outside autograd: a double backward raises
+    (it used to leave their second-order terms out, silently: 1e4 off a float64
+    reference in gradgradcheck)."""
+    gen = torch.Generator().manual_seed(11)
+    T, D, Fh, E = 5, 4, 2, 4
+    x = torch.randn(T, D, generator=gen, dtype=F64, requires_grad=True)
+    with _world_of_one("gloo"):
+        if form == "block":
+            ids = torch.randint(0, E, (T, 2), generator=gen)
+            w_in = torch.randn(E, D, 2 * Fh, generator=gen, dtype=F64, requires_grad=True)
+            w_out = torch.randn(E, Fh, D, generator=gen, dtype=F64, requires_grad=True)
+            out = expert_parallel_block(x, ids, None, w_in, w_out)
+        else:
+            torch.manual_seed(0)
+            layer = MoELayer(D, Fh, E, 2, dtype=F64, fused=form == "fused-layer")
+            out = layer.sharded()(x)
+        (gx,) = torch.autograd.grad(out.square().sum(), x, create_graph=True)
+        with pytest.raises(RuntimeError, match="once_differentiable"):
+            gx.square().sum().backward()
+
+
+@pytest.mark.skipif(not GLOO, reason="needs gloo")
 def test_expert_parallel_block_errors_name_the_argument():
     """Local argument errors (raised before any collective) and an id out of range."""
     T, D, Fh, E = 5, 4, 2, 4
