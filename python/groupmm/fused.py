@@ -536,18 +536,27 @@ def _check_experts(x: Tensor, w_in: Tensor, w_out: Tensor) -> None:
     _check_gate_up("w_in", w_in)
 
 
-def _check_expert_count(x: Tensor, w_in: Tensor, w_out: Tensor, experts: int) -> None:
-    """``w_in [E, D, 2F]`` and ``w_out [E, F, D]`` with ``E = experts`` (``len(offs)``)
-    and ``D`` the width of ``x [T, D]``, in ``x``'s dtype."""
+def _check_expert_count(
+    x: Tensor,
+    w_in: Tensor,
+    w_out: Tensor,
+    experts: int,
+    x_name: str = "x",
+    experts_of: str = "offs",
+) -> None:
+    """``w_in [E, D, 2F]`` and ``w_out [E, F, D]`` with ``E = experts`` (the length of
+    ``experts_of``) and ``D`` the width of ``x`` (called ``x_name``), in ``x``'s dtype and
+    on its device (checked here, so that the native rules never name them "w" and "b")."""
     width = x.shape[1]
     ok = w_in.shape[0] == experts and w_in.shape[1] == width
-    what = "[E={}, D={}, 2F] (E = len(offs), D = x.shape[1])"
-    check.shape("w_in", w_in, ok, what, experts, width)
+    what = "[E={}, D={}, 2F] (E = len({}), D = {}.shape[1])"
+    check.shape("w_in", w_in, ok, what, experts, width, experts_of, x_name)
     ok = w_out.shape == (experts, w_in.shape[2] // 2, width)
-    what = "[E={}, F={}, D={}] (2F = w_in.shape[2], D = x.shape[1])"
-    check.shape("w_out", w_out, ok, what, experts, w_in.shape[2] // 2, width)
-    check.dtype("w_in", w_in, x.dtype, "x")
-    check.dtype("w_out", w_out, x.dtype, "x")
+    what = "[E={}, F={}, D={}] (E = len({}), 2F = w_in.shape[2], D = {}.shape[1])"
+    check.shape("w_out", w_out, ok, what, experts, w_in.shape[2] // 2, width, experts_of, x_name)
+    for name, t in (("w_in", w_in), ("w_out", w_out)):
+        check.dtype(name, t, x.dtype, x_name)
+        check.device(name, t, x.device, x_name)
 
 
 def _block(

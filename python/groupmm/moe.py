@@ -264,7 +264,9 @@ class MoELayer(nn.Module):
             group's size ``W``), the router is whole on every rank, and ``forward``
             (collective: every rank calls it, with its own tokens) sends each token copy
             to its expert's rank and the results back. The router's gradient is this
-            rank's share: reduce it as for any replicated parameter (DDP, FSDP).
+            rank's share: reduce it as for any replicated parameter (DDP, FSDP); the
+            load-balancing loss is this rank's tokens' (average it like the task loss).
+            Every rank must run the backward (it holds exchanges the others wait for).
             :meth:`sharded` makes such a layer from a whole one.
         fused: run the experts as :func:`groupmm.fused.expert_block`, one operation
             from the tokens to the combined output (gather, up projection and SwiGLU in
@@ -317,6 +319,8 @@ class MoELayer(nn.Module):
         local = num_experts
         if ep_group is not None:
             world = dist.get_world_size(ep_group)
+            if world < 1:  # torch answers -1 on a rank outside the group
+                raise ValueError("ep_group: expected a process group this rank belongs to")
             if num_experts % world:
                 raise ValueError(
                     f"num_experts: expected a multiple of the ep_group's size {world}, "

@@ -62,7 +62,13 @@ __all__ = ["expert_compute", "expert_parallel_block", "exchange"]
 
 class _Exchange(torch.autograd.Function):
     """``all_to_all_single`` with uneven splits along dim 0; backward: the reverse
-    exchange (each received row's gradient goes back to the rank that sent the row)."""
+    exchange (each received row's gradient goes back to the rank that sent the row).
+
+    Once differentiable: a double backward raises instead of silently leaving out the
+    exchanges' second-order terms (the reverse exchange is a collective outside autograd).
+    An exchange recorded in the backward would not do either: a rank whose part of the
+    first backward has no graph (no tokens: gradients made as fresh zeros) records fewer
+    exchanges than the others, and the second backward waits forever."""
 
     @staticmethod
     def forward(ctx: Any, x: Tensor, out_splits: List[int], in_splits: List[int], group: Any):
@@ -71,6 +77,7 @@ class _Exchange(torch.autograd.Function):
         return _all_to_all(x, out_splits, in_splits, group)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx: Any, grad: Tensor):
         out_splits, in_splits = ctx.splits
         return _all_to_all(grad, in_splits, out_splits, ctx.group), None, None, None
@@ -364,8 +371,9 @@ def expert_parallel_block(
     if weights is not None:
         check.tensor("weights", weights)
         check.same_shape("weights", weights, "expert_ids", expert_ids)
+        check.device("weights", weights, x.device, "x")
     num_local = w_in.shape[0]
-    _check_expert_count(x, w_in, w_out, num_local)
+    _check_expert_count(x, w_in, w_out, num_local, "x", "w_in")
     p = plan_tokens(expert_ids, num_local, group)
     # each sent row's chosen experts as the receiving rank's local ids (num_local for
     # another rank's expert), sent beside the rows
@@ -427,6 +435,8 @@ def expert_compute(
         ``[R, D]`` in ``rows``' dtype and order. Rows past the counted ones (positions
         ``>= offs[-1]``: padding, sentinel rows) are zero and get zero gradients.
     """
+    # the caller's names (rows, counts or offs), not expert_block's (x, offs)
+    check.dims("rows", rows, 2, "[R, D]")
     _check_experts(rows, w_in, w_out)
     given = [counts is not None, offs is not None, expert_ids is not None]
     if sum(given) != 1:
@@ -436,16 +446,14 @@ def expert_compute(
         )
     if expert_ids is not None:
         return _compute_by_ids(rows, w_in, w_out, expert_ids, index, weights)
+    name, groups = ("counts", counts) if counts is not None else ("offs", cast(Tensor, offs))
+    check.index(name, groups, 1, "[E]")
+    check.device(name, groups, rows.device, "rows")
+    _check_expert_count(rows, w_in, w_out, groups.shape[0], "rows", name)
     if counts is not None:
-        check.index("counts", counts, 1, "[E]")
-        check.device("counts", counts, rows.device, "rows")
         offs = torch.cumsum(counts, 0, dtype=torch.int32)
     else:
-        assert offs is not None
-        check.index("offs", offs, 1, "[E]")
-        check.device("offs", offs, rows.device, "rows")
-        offs = _int32(offs)
-    _check_expert_count(rows, w_in, w_out, offs.shape[0])
+        offs = _int32(groups)
     n = rows.shape[0]
     src = inverse = None
     if index is not None:
@@ -491,6 +499,6 @@ def _compute_by_ids(
             weights = weights.unsqueeze(1)
         check.same_shape("weights", weights, "expert_ids", expert_ids)
         check.device("weights", weights, rows.device, "rows")
+    _check_expert_count(rows, w_in, w_out, w_in.shape[0], "rows", "w_in")
     r = routes(expert_ids, w_in.shape[0], placeholders=True)
-    _check_expert_count(rows, w_in, w_out, w_in.shape[0])
     return _block(rows, w_in, w_out, r.offs, _int32(r.src), _int32(r.inverse), weights)

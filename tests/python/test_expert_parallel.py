@@ -1,4 +1,6 @@
-"""examples/expert_parallel.py with 2 processes on gloo (CPU) must match one process."""
+"""examples/expert_parallel.py with 2 processes on gloo (CPU) must match one process, with
+the fused and the unfused expert path (tests/python/test_parallel.py tests the package's
+expert parallelism itself, case by case)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ SCRIPT = ROOT / "examples" / "expert_parallel.py"
 
 
 @pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="needs gloo")
-def test_expert_parallel_gloo_two_ranks_matches_single_process() -> None:
+@pytest.mark.parametrize("path", ["--fused", "--unfused"])
+def test_expert_parallel_gloo_two_ranks_matches_single_process(path: str) -> None:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     cmd = [
         sys.executable,
@@ -29,6 +32,7 @@ def test_expert_parallel_gloo_two_ranks_matches_single_process() -> None:
         "--backend",
         "gloo",
         "--check",
+        path,
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -41,3 +45,4 @@ def test_expert_parallel_gloo_two_ranks_matches_single_process() -> None:
     assert any(line.startswith("[random] output") for line in lines), proc.stdout
     assert any(line.startswith("[skewed] output") for line in lines), proc.stdout
     assert "    rank 1: [0, 0]" in lines, proc.stdout
+    assert f"{path[2:]}, tolerance" in proc.stdout, proc.stdout
