@@ -347,6 +347,10 @@ def load_torchtitan(backend: str, mesh, gloo: bool):
         lines = str(e).strip().splitlines() or [""]
         return None, f"import torchtitan failed: {type(e).__name__}: {lines[0][:160]}"
     tt_utils.set_spmd_backend(backend)
+    if not hasattr(torch.compiler, "_is_non_strict_tracing"):
+        # torchtitan 0.3.0's dispatcher asks this of torch releases after 2.11; in an eager
+        # run nothing traces, which is this answer
+        torch.compiler._is_non_strict_tracing = lambda: False  # type: ignore[attr-defined]
     if backend == "spmd_types":
         set_spmd_meshes(dense_mesh=mesh, sparse_mesh=mesh)
         if gloo:
