@@ -217,9 +217,12 @@ def plan_tokens(expert_ids: Tensor, num_local: int, group: Optional[Any] = None)
     meta = torch.stack([per_rank, copies, bad.to(per_rank.dtype).expand(world)], dim=1)
     recv = torch.empty_like(meta)
     dist.all_to_all_single(recv, meta, group=group)
-    # the rows' places, queued before the host waits: by rank, then by token
+    # the rows' places, queued before the host waits: by rank, then by token (the scan
+    # along the last dimension of [W, T]: torch's scan along dim 0 of a [T, W] tensor
+    # took 2.6 ms for T = 16384, W = 4 on an H100)
     starts = torch.cumsum(per_rank, 0) - per_rank
-    places = torch.cumsum(needed, 0) - 1 + starts  # [T, W]
+    by_rank = needed.t().contiguous()
+    places = (torch.cumsum(by_rank, 1) - 1 + starts.unsqueeze(1)).t()  # [T, W]
     # the host sync: all_to_all_single takes its split sizes as Python ints
     host = torch.cat([per_rank, recv.reshape(-1)]).tolist()
     in_splits = host[:world]
@@ -232,7 +235,7 @@ def plan_tokens(expert_ids: Tensor, num_local: int, group: Optional[Any] = None)
             f"{num_local} local experts), found ids out of range on rank(s) {ranks}"
         )
     sent = sum(in_splits)
-    slots = torch.where(needed, places, sent).to(torch.int32)
+    slots = torch.where(needed, places, sent).to(torch.int32).contiguous()
     token_ids = torch.arange(tokens, device=device, dtype=torch.int32)
     send_tokens = torch.empty(sent + 1, device=device, dtype=torch.int32)
     # every (t, w) pair writes its row; the pairs with no row all write the spare row N

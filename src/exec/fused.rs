@@ -54,6 +54,9 @@ pub unsafe fn swiglu_mm<R: Runtime>(
     let shapes = dims.out_shapes();
     let (pre, pre_t) = rt.alloc(&shapes[0], x.dtype, x.device)?;
     let (act, act_t) = rt.alloc(&shapes[1], x.dtype, x.device)?;
+    if dims.is_empty() {
+        return Ok(Some([pre, act]));
+    }
     let fusion = |src| cuda::Fusion {
         src,
         src_b: false,
@@ -156,6 +159,9 @@ pub unsafe fn dgated_mm<R: Runtime>(
     };
     let (act, act_t) = rt.alloc(&shapes[1], dy.dtype, dy.device)?;
     let (partial, partial_t) = rt.alloc(&shapes[2], DType::F32, dy.device)?;
+    if dims.is_empty() {
+        return Ok(Some([into.unwrap_or(dpre), act, partial]));
+    }
     let fusion = |src| cuda::Fusion {
         src,
         src_b: false,

@@ -55,6 +55,12 @@ impl FusedDims {
             Epilogue::DGated => vec![[r, 2 * f], [r, f], [f.div_ceil(PARTIAL_COLS), r]],
         }
     }
+
+    /// No output has an element (no routed rows, e.g. an expert-parallel rank that
+    /// received none, or `F = 0`): nothing to compute, no kernel to ask.
+    pub fn is_empty(&self) -> bool {
+        self.product.m == 0 || self.f == 0
+    }
 }
 
 /// `swiglu_mm(x, w, offs, src)`: the gathered product's rule ([`plan_gather`]; without
@@ -189,9 +195,14 @@ mod tests {
         // in order: R = T
         let d = plan_swiglu_mm(&c(&[10, 4]), &c(&[3, 4, 6]), None, 3).unwrap();
         assert_eq!((d.product.m, d.out_shapes()), (10, vec![[10, 6], [10, 3]]));
+        assert!(!d.is_empty());
         // nothing to do is valid
         let d = plan_swiglu_mm(&c(&[0, 4]), &c(&[1, 4, 0]), None, 1).unwrap();
         assert_eq!(d.out_shapes(), vec![[0, 0], [0, 0]]);
+        assert!(d.is_empty());
+        // no routed rows (an expert-parallel rank that received none): empty outputs
+        let d = plan_swiglu_mm(&c(&[0, 4]), &c(&[3, 4, 6]), Some(&c(&[0])), 3).unwrap();
+        assert_eq!((d.out_shapes(), d.is_empty()), (vec![[0, 6], [0, 3]], true));
     }
 
     #[test]

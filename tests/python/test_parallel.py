@@ -724,3 +724,19 @@ def test_expert_parallel_nccl_ranks_equal_one_gpu(world):
     assert len(checks) >= 80 and all(c["verdict"] == "ok" for c in checks), output
     raised = [ln for ln in lines if ln["kind"] == "RAISED"]
     assert len(raised) == 2 * world and all(ln["type"] == "ValueError" for ln in raised), output
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("indexed", [False, True])
+def test_expert_compute_cuda_no_rows(indexed):
+    """No rows at all (an expert-parallel rank that received none): an empty output and
+    zero weight gradients, on the fused kernels' path (bf16), with no error."""
+    rows, w_in, w_out, counts, perm, weights = _compute_case(
+        R=0, D=256, Fh=128, counts=(0, 0, 0), seed=11, device="cuda", dtype=BF16
+    )
+    ins = [t.clone().requires_grad_() for t in (rows, w_in, w_out, weights)]
+    out = expert_compute(*ins[:3], counts=counts, index=perm if indexed else None, weights=ins[3])
+    assert out.shape == (0, 256)
+    got = _grads(out, ins, torch.randn_like(out))
+    assert got[0].shape == (0, 256)
+    assert torch.count_nonzero(got[1]) == 0 and torch.count_nonzero(got[2]) == 0
