@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[2]
 WORKER = ROOT / "tests" / "programs" / "ep_check.py"
 GLOO = dist.is_available() and dist.is_gloo_available()
 BF16 = torch.bfloat16
+ONE_OF = r"counts, offs, expert_ids: expected exactly one"
 
 
 # --------------------------------------------------------------------------- expert_compute
@@ -200,8 +201,8 @@ def _error_cases():
     """``(id, kwargs changes, exception, message start)``: each error names its argument."""
     R = 11
     return [
-        ("neither", {"counts": None}, ValueError, r"counts, offs, expert_ids: expected exactly one"),
-        ("both", {"offs": "offs"}, ValueError, r"counts, offs, expert_ids: expected exactly one"),
+        ("neither", {"counts": None}, ValueError, ONE_OF),
+        ("both", {"offs": "offs"}, ValueError, ONE_OF),
         ("rows-1d", {"rows": "rows[0]"}, ValueError, r"rows: expected shape \[R, D\]"),
         ("counts-2d", {"counts": "counts[None]"}, ValueError, r"counts: expected shape \[E\]"),
         ("counts-float", {"counts": "counts.double()"}, TypeError, r"counts: expected an integer"),
