@@ -5,7 +5,8 @@ and combine.
     NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc-per-node W benches/bench_ep.py \\
         [--configs qwen3-30b-a3b,olmoe,mixtral] [--routing uniform,skewed] \\
         [--tokens-per-gpu 16384] [--check] [--json OUT.json] [--md OUT.md] \\
-        [--device cuda|cpu] [--dtype bf16|fp32|fp64] [--impls fused,unfused,torchtitan,single]
+        [--device cuda|cpu] [--dtype bf16|fp32|fp64] \\
+        [--impls fused,unfused,torchtitan,tt_groupmm,single]
     torchrun --standalone --nproc-per-node 2 benches/bench_ep.py --device cpu --configs tiny \\
         --check                                  # a smoke run on gloo (CPU)
     python3 benches/bench_ep.py --from-json w1.json,w2.json,w4.json [--md all.md]
@@ -38,6 +39,9 @@ Implementations (``--impls``), all on the same EP process group (a one-dimension
   list-form ``all_to_all`` (which gloo lacks) goes through ``all_to_all_single``
   (``spmd_types._dist.set_dist``, the hook spmd_types provides for that); on NCCL nothing
   is replaced.
+- ``tt_groupmm``: the same torchtitan classes with its ``GroupedExperts`` switched to
+  groupmm's fused block by ``groupmm.integrations.torchtitan.enable`` (torchtitan's own
+  dispatcher and combine, groupmm's experts: what a torchtitan user gets from one call);
 - ``single``: the single-GPU reference for "EP expert time within 10 % of the single-GPU
   fused layer on the same local rows": ``routes`` + ``groupmm.fused.expert_block``
   forward and backward on this rank's received rows (their number and their local experts
@@ -133,6 +137,7 @@ import time
 from typing import Any
 
 import groupmm
+import groupmm.integrations.torchtitan as groupmm_torchtitan
 import groupmm.moe as gmoe
 import groupmm.parallel as gpar
 import torch
@@ -157,11 +162,15 @@ ROUTINGS = ("uniform", "skewed")
 #: Zipf exponent of the skewed routing's expert popularity (by global expert id)
 ZIPF_S = 1.0
 #: the implementations, in table order
-IMPLS = ("fused", "unfused", "torchtitan", "single")
+IMPLS = ("fused", "unfused", "torchtitan", "tt_groupmm", "single")
+#: torchtitan's own classes: its experts on torch._grouped_mm, or switched to groupmm's
+#: fused block by groupmm.integrations.torchtitan.enable
+TT_IMPLS = ("torchtitan", "tt_groupmm")
 LABELS = {
     "fused": "groupmm fused",
     "unfused": "groupmm unfused",
     "torchtitan": "torchtitan",
+    "tt_groupmm": "torchtitan + groupmm experts",
     "single": "single-GPU fused (ref)",
 }
 PHASES = ("dispatch", "experts", "combine")
@@ -518,31 +527,35 @@ def run_row(spec: dict, args, ctx: dict) -> dict:
     if "unfused" in want:
         fwd["unfused"] = lambda: unfused(x)
         leaves["unfused"] = [x, weights, ex.w_in, ex.w_out]
-    routed = None
-    if "torchtitan" in want:
+    routed: dict = {}
+    for name in TT_IMPLS:
+        if name not in want:
+            continue
         TT = ctx["tt"]
         if TT is None:
-            errors["torchtitan"] = ctx["tt_why"]
+            errors[name] = ctx["tt_why"]
+            continue
+        why = None
+        try:
+            module = build_torchtitan(TT, mesh, split, ex, E, k, dev, dtype)
+            if name == "tt_groupmm":
+                groupmm_torchtitan.enable(module)  # its GroupedExperts on the fused block
+        except Exception as e:  # noqa: BLE001 - reported, the others go on
+            why = _err(e)
+        if agree(why is None, dev):
+
+            def tt_forward(module=module):
+                x3, ids3, s3 = x.view(1, T, d), ids.view(1, T, k), weights.view(1, T, k)
+                # MoE.forward's tokens per expert: the one-hot routing map, summed
+                rmap = torch.zeros(1, T, E, dtype=torch.bool, device=x.device)
+                counts = rmap.scatter_(-1, ids3, True).sum(dim=(0, 1))
+                return module(x3, s3, ids3, counts).view(T, d)
+
+            fwd[name] = tt_forward
+            leaves[name] = [x, weights, *module.parameters()]
+            routed[name] = module
         else:
-            why = None
-            try:
-                routed = build_torchtitan(TT, mesh, split, ex, E, k, dev, dtype)
-            except Exception as e:  # noqa: BLE001 - reported, the others go on
-                why = _err(e)
-            if agree(why is None, dev):
-
-                def tt_forward():
-                    x3, ids3, s3 = x.view(1, T, d), ids.view(1, T, k), weights.view(1, T, k)
-                    # MoE.forward's tokens per expert: the one-hot routing map, summed
-                    rmap = torch.zeros(1, T, E, dtype=torch.bool, device=x.device)
-                    counts = rmap.scatter_(-1, ids3, True).sum(dim=(0, 1))
-                    return routed(x3, s3, ids3, counts).view(T, d)
-
-                fwd["torchtitan"] = tt_forward
-                leaves["torchtitan"] = [x, weights, *routed.parameters()]
-            else:
-                errors["torchtitan"] = why or "failed to build on another rank"
-                routed = None
+            errors[name] = why or "failed to build on another rank"
     rows = grows = None
     if "single" in want:
         g2 = torch.Generator().manual_seed(seed + 17 + rank)
@@ -594,8 +607,8 @@ def run_row(spec: dict, args, ctx: dict) -> dict:
             del steps[name]
             continue
         if args.check and name != "single":
-            if name == "torchtitan":
-                gw_in, gw_out = torchtitan_grads(routed)
+            if name in TT_IMPLS:
+                gw_in, gw_out = torchtitan_grads(routed[name])
             else:
                 gw_in, gw_out = ex.w_in.grad, ex.w_out.grad
             got[name] = {
@@ -703,7 +716,7 @@ def run_check(got: dict, x, ids, weights, ex, gy, ctx) -> dict:
     dname = str(dtype).replace("torch.", "")
     res: dict = {"tolerance": {}, "vs_reference": {}, "vs_fused": {}, "failed": []}
     for name in got:
-        tol = TOL_BF16 if name == "torchtitan" else TOL[dname]
+        tol = TOL_BF16 if name in TT_IMPLS else TOL[dname]
         res["tolerance"][name] = tol
         for key in ("vs_reference", "vs_fused"):
             per = [o[key].get(name) for o in everyone if o[key].get(name)]
@@ -1059,7 +1072,7 @@ def run(args, argv, dev, rank: int, W: int) -> int:
     if not args.no_split:
         install_split(split)
     tt, tt_why = None, "--no-torchtitan"
-    if not args.no_torchtitan and "torchtitan" in args.impls.split(","):
+    if not args.no_torchtitan and set(TT_IMPLS) & set(args.impls.split(",")):
         tt, tt_why = load_torchtitan(args.tt_backend, mesh, gloo=not cuda)
     if not agree(tt is not None, dev):
         tt, tt_why = None, tt_why or "torchtitan failed to load on another rank"
