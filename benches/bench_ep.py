@@ -6,7 +6,7 @@ and combine.
         [--configs qwen3-30b-a3b,olmoe,mixtral] [--routing uniform,skewed] \\
         [--tokens-per-gpu 16384] [--check] [--json OUT.json] [--md OUT.md] \\
         [--device cuda|cpu] [--dtype bf16|fp32|fp64] \\
-        [--impls fused,unfused,torchtitan,tt_groupmm,single]
+        [--impls fused,unfused,torchtitan,tt_groupmm,tt_seam,single]
     torchrun --standalone --nproc-per-node 2 benches/bench_ep.py --device cpu --configs tiny \\
         --check                                  # a smoke run on gloo (CPU)
     python3 benches/bench_ep.py --from-json w1.json,w2.json,w4.json [--md all.md]
@@ -42,6 +42,8 @@ Implementations (``--impls``), all on the same EP process group (a one-dimension
 - ``tt_groupmm``: the same torchtitan classes with its ``GroupedExperts`` switched to
   groupmm's fused block by ``groupmm.integrations.torchtitan.enable`` (torchtitan's own
   dispatcher and combine, groupmm's experts: what a torchtitan user gets from one call);
+  ``tt_seam``: the same with only its ``_grouped_mm`` products on ``groupmm.grouped_mm``
+  (``enable(..., fused=False)``);
 - ``single``: the single-GPU reference for "EP expert time within 10 % of the single-GPU
   fused layer on the same local rows": ``routes`` + ``groupmm.fused.expert_block``
   forward and backward on this rank's received rows (their number and their local experts
@@ -162,15 +164,16 @@ ROUTINGS = ("uniform", "skewed")
 #: Zipf exponent of the skewed routing's expert popularity (by global expert id)
 ZIPF_S = 1.0
 #: the implementations, in table order
-IMPLS = ("fused", "unfused", "torchtitan", "tt_groupmm", "single")
+IMPLS = ("fused", "unfused", "torchtitan", "tt_groupmm", "tt_seam", "single")
 #: torchtitan's own classes: its experts on torch._grouped_mm, or switched to groupmm's
 #: fused block by groupmm.integrations.torchtitan.enable
-TT_IMPLS = ("torchtitan", "tt_groupmm")
+TT_IMPLS = ("torchtitan", "tt_groupmm", "tt_seam")
 LABELS = {
     "fused": "groupmm fused",
     "unfused": "groupmm unfused",
     "torchtitan": "torchtitan",
     "tt_groupmm": "torchtitan + groupmm experts",
+    "tt_seam": "torchtitan + groupmm products",
     "single": "single-GPU fused (ref)",
 }
 PHASES = ("dispatch", "experts", "combine")
@@ -539,7 +542,9 @@ def run_row(spec: dict, args, ctx: dict) -> dict:
         try:
             module = build_torchtitan(TT, mesh, split, ex, E, k, dev, dtype)
             if name == "tt_groupmm":
-                groupmm_torchtitan.enable(module)  # its GroupedExperts on the fused block
+                groupmm_torchtitan.enable(module, fused=True)  # the fused block
+            elif name == "tt_seam":
+                groupmm_torchtitan.enable(module, fused=False)  # _grouped_mm only
         except Exception as e:  # noqa: BLE001 - reported, the others go on
             why = _err(e)
         if agree(why is None, dev):

@@ -488,10 +488,10 @@ def test_enable_chooses_the_path():
     assert tt.groupmm_experts_class(stand_in, fused=True) is fused_cls
     assert tt.enable(model, fused=False) == 2  # and back to the seam
     assert type(model[0]).__name__ == "GroupmmStandInGroupedExperts"
-    # None picks the fused block for torchtitan's SwiGLU forward (matched by name)
+    # None: the seam for torchtitan's SwiGLU forward too (the fused block is asked for)
     named = NamedLikeTorchtitan(6, 4, 2)
-    assert tt.enable(named) == 1 and type(named)._groupmm_fused
-    assert tt.groupmm_experts_class(NamedLikeTorchtitan)._groupmm_fused
+    assert tt.enable(named) == 1 and not type(named)._groupmm_fused
+    assert not tt.groupmm_experts_class(NamedLikeTorchtitan)._groupmm_fused
     with pytest.raises(TypeError, match="fused: expected None, True or False"):
         tt.enable(model, fused=1)
     with pytest.raises(TypeError, match="fused: expected None, True or False"):
@@ -542,8 +542,7 @@ def test_enable_after_parallelize(monkeypatch):
     with pytest.raises(ValueError, match="fused=True: NamedLikeTorchtitan has a forward"):
         tt.enable(other, fused=True)
     assert type(other) is NamedLikeTorchtitan
-    with pytest.warns(UserWarning, match="it stays on the seam"):
-        tt.enable(other)
+    tt.enable(other)  # None: the seam, the instance forward kept
     assert not type(other)._groupmm_fused and "forward" in other.__dict__
 
 
@@ -603,7 +602,7 @@ def _torchtitan_moe():
     )
 
 
-def _real_experts(moe, dim=16, hidden=24, experts=4, fused=None, seed=0):
+def _real_experts(moe, dim=16, hidden=24, experts=4, fused=True, seed=0):
     """A torchtitan ``GroupedExperts`` on groupmm (``fused``), its weights drawn, and a
     float64 stand-in with the same weights (the independent reference)."""
     cls = tt.groupmm_experts_class(moe.GroupedExperts, fused)

@@ -177,10 +177,10 @@ def case_torchtitan(rank: int, world: int) -> dict:
     for name in ("own", "bf16", "f64"):
         model = copy.deepcopy(base)
         if name == "bf16":
-            tt.enable(model)  # before parallelize: torchtitan wraps the fused forward
+            tt.enable(model, fused=True)  # before parallelize: torchtitan wraps it
         model.parallelize(pdims)
         if name == "f64":
-            tt.enable(model)  # after: the experts' wrapper is dropped
+            tt.enable(model, fused=True)  # after: the experts' wrapper is dropped
             model.routed_experts.inner_experts.groupmm_dtype = F64
         models[name] = model
     ie = models["f64"].routed_experts.inner_experts

@@ -10,11 +10,16 @@
 
 What runs (``fused`` of :func:`enable` / :func:`groupmm_experts_class`):
 
-- **The fused block** (``fused=None``, the default, picks it for every class whose
-  forward is torchtitan's SwiGLU ``GroupedExperts.forward`` — ``w1_EFD`` gate,
-  ``w3_EFD`` up, ``w2_EDF`` down, no bias; ``fused=True`` forces it on any class with
-  those three weights): the forward is replaced by :func:`grouped_experts_forward`,
-  i.e. :func:`groupmm.parallel.expert_compute` on the expert-major rows (on Hopper the up
+- **The seam** (``fused=None``, the default, or False; the only path for classes that are
+  not plain SwiGLU, e.g. ``GptOssGroupedExperts`` with its biases and clamped
+  activation): torchtitan runs every expert product through ``_grouped_mm(self, *, A,
+  B_t, offs)``; it becomes ``groupmm.grouped_mm`` (rows past ``offs[-1]`` zero; the
+  weight gradient in ``B_t``'s own layout, no transposed copy:
+  :func:`groupmm.integrations._expert_mm`).
+- **The fused block** (``fused=True``, for torchtitan's SwiGLU ``GroupedExperts`` or any
+  class with its ``w1_EFD`` gate, ``w3_EFD`` up and ``w2_EDF`` down weights, no bias):
+  the forward is replaced by :func:`grouped_experts_forward`, i.e.
+  :func:`groupmm.parallel.expert_compute` on the expert-major rows (on Hopper the up
   projection and SwiGLU are one kernel, the backward's dSwiGLU is fused into the
   ``dgated`` product; the backward keeps the rows and the ``[R, 2F]`` pre-activation,
   no ``[R, F]`` tensor). Same semantics as torchtitan's forward: DTensor weights (expert
@@ -23,12 +28,16 @@ What runs (``fused`` of :func:`enable` / :func:`groupmm_experts_class`):
   dtype) and the output back with ``.type_as(x)``; the parameters stay ``w1/w2/w3``
   (checkpoints unchanged). Rows past ``sum(counts)`` (padding some dispatchers leave)
   give zero output and zero gradient. Weights of another tensor subclass (e.g. float8
-  wrappers) and spmd_types type checking take the parent's forward on the seam below.
-- **The seam** (``fused=False``, and every other class: ``GptOssGroupedExperts``,
-  whose biases and clamped activation are its own): torchtitan runs every expert
-  product through ``_grouped_mm(self, *, A, B_t, offs)``; it becomes
-  ``groupmm.grouped_mm`` (rows past ``offs[-1]`` zero; the weight gradient in ``B_t``'s
-  own layout, no transposed copy: :func:`groupmm.integrations._expert_mm`).
+  wrappers) and spmd_types type checking take the parent's forward on the seam.
+
+Why the seam is the default: measured inside torchtitan 0.3.0's own EP layer
+(``benches/bench_ep.py``, impls ``tt_seam`` and ``tt_groupmm``, H100, bf16, 16k tokens
+per GPU, ``benches/results/h100x2_bf16_issue30_tt_*.json``), the seam is 1.02–1.05x
+torchtitan's ``torch._grouped_mm`` at EP = 1 and 2 (Qwen3-30B-A3B, Mixtral sizes),
+while the fused block is 0.91–1.00x: writing ``[w1 | w3]`` every step (and again in
+the backward) and splitting its gradient costs more than the fusion saves inside
+torchtitan's dispatcher. The fused block pays where groupmm owns the whole layer
+(:class:`groupmm.moe.MoELayer`, ``ep_group=``: about 2x torchtitan's EP layer).
 
 The fused kernel reads gate and up as one ``[E, D, 2F]`` operand; torchtitan keeps
 ``w1`` and ``w3`` apart (its checkpoint format), so each forward writes ``[w1 | w3]``
@@ -54,8 +63,8 @@ gate/up weights):
 Turning it on: :func:`enable` on a built model, before or after torchtitan's
 ``Module.parallelize`` (whose wrapper of the experts' forward it drops: weights only,
 nothing to redistribute), or :func:`groupmm_experts_class`'s ``Config`` in the model
-config (as torchtitan's own converters swap classes). ``enable(model, fused=False)``:
-the seam only, as before the fused path.
+config (as torchtitan's own converters swap classes); ``enable(model, fused=True)``
+for the fused block.
 
 torchtitan is not a dependency: nothing here imports it. The tests
 (``tests/python/test_integration_torchtitan.py``) run against a stand-in with the same
@@ -86,8 +95,6 @@ __all__ = [
     "groupmm_grouped_mm",
 ]
 
-#: torchtitan's SwiGLU experts forward (matched by name: torchtitan is not imported)
-_SWIGLU_FORWARD = ("torchtitan.models.common.moe", "GroupedExperts.forward")
 #: its weights: gate, down, up
 _WEIGHTS = ("w1_EFD", "w2_EDF", "w3_EFD")
 _PLAIN = (Tensor, torch.nn.Parameter)
@@ -322,24 +329,16 @@ def _groupmm_seam(self, *, A: Tensor, B_t: Tensor, offs: Tensor) -> Tensor:
 _CLASSES: dict = {}
 
 
-def _runs_swiglu_forward(parent: type) -> bool:
-    """``parent``'s forward is torchtitan's ``GroupedExperts.forward`` (w1/w2/w3 SwiGLU)."""
-    forward = getattr(parent, "forward", None)
-    name = (getattr(forward, "__module__", None), getattr(forward, "__qualname__", None))
-    return name == _SWIGLU_FORWARD
-
-
 def groupmm_experts_class(parent: type, fused: Optional[bool] = None) -> type:
     """A subclass of ``parent`` (torchtitan's ``GroupedExperts``, ``GptOssGroupedExperts``
     or anything with the same ``_grouped_mm(self, *, A, B_t, offs)`` method) on groupmm.
 
     Args:
         parent: the class.
-        fused: None (default): the fused block when ``parent``'s forward is torchtitan's
-            SwiGLU ``GroupedExperts.forward``, else the seam (a groupmm class: itself).
-            True: the fused block (the caller vouches that ``parent`` computes
+        fused: None (default) or False: the seam (a groupmm class under None:
+            itself). True: the fused block (the caller vouches that ``parent`` computes
             ``w1``/``w2``/``w3`` SwiGLU; the forward raises when those weights are
-            missing). False: the seam. A groupmm class with another ``fused`` gives its
+            missing). A groupmm class with another ``fused`` gives its
             parent's class for that path.
 
     Cached: one class per parent and path. The fused class has ``groupmm_dtype =
@@ -358,7 +357,7 @@ def groupmm_experts_class(parent: type, fused: Optional[bool] = None) -> type:
         if fused is None or fused == parent._groupmm_fused:  # type: ignore[attr-defined]
             return parent  # already a groupmm class
         parent = own
-    fused = _runs_swiglu_forward(parent) if fused is None else fused
+    fused = bool(fused)  # None: the seam (the fused block is asked for, see the module)
     key = (parent, fused)
     if key in _CLASSES:
         return _CLASSES[key]
@@ -400,18 +399,16 @@ def enable(model: torch.nn.Module, fused: Optional[bool] = None) -> int:
     included) to groupmm, in place, by giving it the class from
     :func:`groupmm_experts_class`. Returns how many modules use groupmm afterwards.
 
-    ``fused``: None (default): the fused block for torchtitan's SwiGLU
-    ``GroupedExperts``, the seam for the others (``GptOssGroupedExperts``); True: the
-    fused block for all (``TypeError`` when one lacks the ``w1_EFD``/``w2_EDF``/
-    ``w3_EFD`` weights); False: the seam for all (what ``enable`` did before the fused
-    path). Idempotent: modules already on groupmm keep their path under None and switch
-    over under True or False. Nothing changes when it raises.
+    ``fused``: None (default): the seam for modules not on groupmm yet (the faster
+    inside torchtitan: module docstring), the path they have for the others; True: the
+    fused block for all (``TypeError`` when one lacks the ``w1_EFD``/``w2_EDF``/``w3_EFD``
+    weights); False: the seam for all. Nothing changes when it raises.
 
     Before or after torchtitan's ``Module.parallelize``: that wraps the forward of each
     module it shards in an instance attribute calling the forward of its time; for the
     experts (weights only: nothing to redistribute) the wrapper is dropped so that the
-    fused forward runs. A module with any other instance ``forward`` keeps its forward
-    and gets the seam (a warning under None, ``ValueError`` under True).
+    fused forward runs. A module with any other instance ``forward`` keeps its forward:
+    ``ValueError`` under True, the seam and a warning where None would keep it fused.
 
     Raises ``ValueError`` when ``model`` holds no such module."""
     if not isinstance(model, torch.nn.Module):
