@@ -152,6 +152,7 @@ from groupmm.moe import MoELayer, RouterOutput
 from timing import (  # benches/timing.py, same folder
     line_buffered_stdout,
     load_docs,
+    no_figure_lines,
     paired,
     rr_orders,
     write_outputs,
@@ -894,15 +895,7 @@ def render_md(doc: dict) -> str:
         "round-by-round ratios); experts / single-GPU: the experts time over the single-GPU "
         "fused block's on the same rank's received rows, the largest over ranks.",
     ]
-    errs: dict = {}
-    for r in doc.get("rows", []):
-        for n, why in (r.get("errors") or {}).items():
-            errs.setdefault((n, why), []).append(label(r))
-    if errs:
-        out += ["", "No figure:"]
-        for (n, why), where in errs.items():
-            more = f", {len(where) - 3} more" if len(where) > 3 else ""
-            out.append(f"- {LABELS.get(n, n)}: {why} ({'; '.join(where[:3])}{more})")
+    out += no_figure_lines(doc.get("rows", []), label, lambda n: LABELS.get(n, n))
     checks = check_lines(doc.get("rows", []))
     if checks:
         out += [""] + [ln + "  " for ln in checks]

@@ -103,6 +103,7 @@ from timing import (  # benches/timing.py, same folder
     lead_for,
     line_buffered_stdout,
     load_docs,
+    no_figure_lines,
     paired,
     round_robin,
     rr_settings,
@@ -694,15 +695,7 @@ def render_md(doc: dict) -> str:
             " / ".join(_mib(pk.get(k)) for k in ("groupmm", "torch-gmm", "plain")),
         ]
         out.append("| " + " | ".join(cells) + " |")
-    errs = {}
-    for r in rows:
-        for k, v in (r.get("errors") or {}).items():
-            errs.setdefault((k, v), []).append(label(r))
-    if errs:
-        out += ["", "No figure:"]
-        for (k, v), where in errs.items():
-            more = f", {len(where) - 3} more" if len(where) > 3 else ""
-            out.append(f"- {LABELS[k]}: {v} ({'; '.join(where[:3])}{more})")
+    out += no_figure_lines(rows, label, LABELS.__getitem__)
     checks = check_lines(rows)
     if checks:
         out += [""] + [ln + "  " for ln in checks]

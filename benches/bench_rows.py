@@ -96,6 +96,7 @@ from timing import (  # benches/timing.py, same folder
     lead_for,
     line_buffered_stdout,
     load_docs,
+    no_figure_lines,
     paired,
     round_robin,
     rr_settings,
@@ -602,15 +603,7 @@ def render_md(doc: dict) -> str:
             f"- {label(r)}: {r.get('check_how')}, error {fmt(r.get('check_err'), '.2e')}"
             for r in bad
         ]
-    errs = {}
-    for r in ordered(rows):
-        for k, v in (r.get("errors") or {}).items():
-            errs.setdefault((k, v), []).append(label(r))
-    if errs:
-        out += ["", "No figure:"]
-        for (k, v), where in errs.items():
-            more = f", {len(where) - 3} more" if len(where) > 3 else ""
-            out.append(f"- {k}: {v} ({'; '.join(where[:3])}{more})")
+    out += no_figure_lines(ordered(rows), label)
     if doc.get("skipped"):
         out += ["", "skipped: " + "; ".join(f"{s['row']} ({s['why']})" for s in doc["skipped"])]
     return "\n".join(out) + "\n"

@@ -362,6 +362,21 @@ def mark(met) -> str:
     return "not measured" if met is None else ("met" if met else "NOT met")
 
 
+def no_figure_lines(rows, label, name=lambda k: k) -> list:
+    """The markdown lines that list the rows' ``errors`` (what had no figure and why),
+    each reason once with up to three of its rows (``label(row)``; ``name(key)``: how an
+    implementation is named); no lines when nothing failed."""
+    errs: dict = {}
+    for r in rows:
+        for k, why in (r.get("errors") or {}).items():
+            errs.setdefault((k, why), []).append(label(r))
+    out = ["", "No figure:"] if errs else []
+    for (k, why), where in errs.items():
+        more = f", {len(where) - 3} more" if len(where) > 3 else ""
+        out.append(f"- {name(k)}: {why} ({'; '.join(where[:3])}{more})")
+    return out
+
+
 def write_outputs(doc: dict, json_path, md_path, render_md) -> None:
     """The result document as compact JSON (the per-round samples make it large) and as
     markdown (``render_md(doc)``), each written atomically: a run killed mid-write keeps the

@@ -134,18 +134,24 @@ def plan(expert_ids: Tensor, num_local: int, group: Optional[Any] = None) -> Pla
     sizes = torch.cat([counts.sum(1), recv[:, :num_local].sum(1), recv[:, num_local]])
     host = sizes.tolist()
     in_splits, out_splits, flags = host[:world], host[world : 2 * world], host[2 * world :]
-    if any(flags):
-        ranks = [i for i, f in enumerate(flags) if f]
-        raise ValueError(
-            f"expert_ids: expected expert ids in [0, {experts}) (E = world size {world} x "
-            f"{num_local} local experts), found ids out of range on rank(s) {ranks}"
-        )
+    _raise_on_bad_ids(flags, world, num_local)
     received = sum(out_splits)
     labels = torch.arange(num_local, device=recv.device).repeat(world)
     local_ids = torch.repeat_interleave(
         labels, recv[:, :num_local].reshape(-1), output_size=received
     )
     return Plan(r, in_splits, out_splits, local_ids.view(received, 1))
+
+
+def _raise_on_bad_ids(flags: List[int], world: int, num_local: int) -> None:
+    """The error every rank raises, after the exchange, when any rank's expert ids were
+    out of range (``flags``: one per rank)."""
+    if any(flags):
+        ranks = [i for i, f in enumerate(flags) if f]
+        raise ValueError(
+            f"expert_ids: expected expert ids in [0, {world * num_local}) (E = world size "
+            f"{world} x {num_local} local experts), found ids out of range on rank(s) {ranks}"
+        )
 
 
 LocalExperts = Callable[[Tensor, Plan], Tensor]
@@ -228,12 +234,7 @@ def plan_tokens(expert_ids: Tensor, num_local: int, group: Optional[Any] = None)
     in_splits = host[:world]
     out_splits = host[world::3]
     received_copies, flags = host[world + 1 :: 3], host[world + 2 :: 3]
-    if any(flags):
-        ranks = [i for i, f in enumerate(flags) if f]
-        raise ValueError(
-            f"expert_ids: expected expert ids in [0, {experts}) (E = world size {world} x "
-            f"{num_local} local experts), found ids out of range on rank(s) {ranks}"
-        )
+    _raise_on_bad_ids(flags, world, num_local)
     sent = sum(in_splits)
     slots = torch.where(needed, places, sent).to(torch.int32).contiguous()
     token_ids = torch.arange(tokens, device=device, dtype=torch.int32)
