@@ -60,6 +60,19 @@ __all__ = ["expert_compute", "expert_parallel_block", "exchange"]
 # --------------------------------------------------------------------------- the exchange
 
 
+def _exchange_rows(
+    x: Tensor, out_splits: List[int], in_splits: List[int], group: Any, spare: bool
+) -> Tensor:
+    """``all_to_all_single`` into a fresh buffer, with one zero row after the received
+    ones when ``spare`` (the row that the slots of absent pairs name)."""
+    rows = sum(out_splits)
+    out = x.new_empty((rows + int(spare), *x.shape[1:]))
+    if spare:
+        out[rows:].zero_()
+    dist.all_to_all_single(out[:rows], x.contiguous(), out_splits, in_splits, group=group)
+    return out
+
+
 class _Exchange(torch.autograd.Function):
     """``all_to_all_single`` with uneven splits along dim 0; backward: the reverse
     exchange (each received row's gradient goes back to the rank that sent the row).
@@ -74,19 +87,13 @@ class _Exchange(torch.autograd.Function):
     def forward(ctx: Any, x: Tensor, out_splits: List[int], in_splits: List[int], group: Any):
         ctx.splits = (out_splits, in_splits)
         ctx.group = group
-        return _all_to_all(x, out_splits, in_splits, group)
+        return _exchange_rows(x, out_splits, in_splits, group, False)
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad: Tensor):
         out_splits, in_splits = ctx.splits
-        return _all_to_all(grad, in_splits, out_splits, ctx.group), None, None, None
-
-
-def _all_to_all(x: Tensor, out_splits: List[int], in_splits: List[int], group: Any) -> Tensor:
-    out = x.new_empty((sum(out_splits), *x.shape[1:]))
-    dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
-    return out
+        return _exchange_rows(grad, in_splits, out_splits, ctx.group, False), None, None, None
 
 
 def exchange(
@@ -243,19 +250,6 @@ def plan_tokens(expert_ids: Tensor, num_local: int, group: Optional[Any] = None)
     send_tokens.scatter_(0, slots.reshape(-1).long(), token_ids.repeat_interleave(world))
     copies_in = sum(received_copies)
     return TokenPlan(send_tokens[:sent], slots, rank_of, per_rank, in_splits, out_splits, copies_in)
-
-
-def _exchange_rows(
-    x: Tensor, out_splits: List[int], in_splits: List[int], group: Any, spare: bool
-) -> Tensor:
-    """``all_to_all_single`` into a fresh buffer, with one zero row after the received
-    ones when ``spare`` (the row that the slots of absent pairs name)."""
-    rows = sum(out_splits)
-    out = x.new_empty((rows + int(spare), *x.shape[1:]))
-    if spare:
-        out[rows:].zero_()
-    dist.all_to_all_single(out[:rows], x.contiguous(), out_splits, in_splits, group=group)
-    return out
 
 
 class _Send(torch.autograd.Function):
