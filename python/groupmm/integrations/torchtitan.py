@@ -32,9 +32,9 @@ What runs (``fused`` of :func:`enable` / :func:`groupmm_experts_class`):
 
 Why the seam is the default: measured inside torchtitan 0.3.0's own EP layer
 (``benches/bench_ep.py``, impls ``tt_seam`` and ``tt_groupmm``, H100, bf16, 16k tokens
-per GPU, ``benches/results/h100x2_bf16_issue30_tt_*.json``), the seam is 1.02–1.05x
-torchtitan's ``torch._grouped_mm`` at EP = 1 and 2 (Qwen3-30B-A3B, Mixtral sizes),
-while the fused block is 0.91–1.00x: writing ``[w1 | w3]`` every step (and again in
+per GPU, ``benches/results/h100x2_bf16_issue30_ep_*.json``), the seam is 1.00–1.06x
+torchtitan's ``torch._grouped_mm`` at EP = 1 and 2 (Qwen3-30B-A3B, OLMoE, Mixtral sizes),
+while the fused block is 0.91–1.03x: writing ``[w1 | w3]`` every step (and again in
 the backward) and splitting its gradient costs more than the fusion saves inside
 torchtitan's dispatcher. The fused block pays where groupmm owns the whole layer
 (:class:`groupmm.moe.MoELayer`, ``ep_group=``: about 2x torchtitan's EP layer).
