@@ -133,7 +133,7 @@ SPECS = {
     "dsv3-down": Spec(32, 2048, 7168, 65536, "DeepSeek-V3, 32 of 256 experts", "down", 8192, 8),
 }
 
-#: the seven shapes of the benchmark before issue 20 (README's tables)
+#: the seven shapes of the benchmark before issue 20 (docs/performance.md's tables)
 LEGACY = ("mixtral-up", "mixtral-down", "dsv3-up", "dsv3-down", "qwen3-up", "qwen3-down", "small64")
 
 #: name -> (E, K, N, T): the shape table as other benches read it (profile_gpu.py)

@@ -1,4 +1,4 @@
-"""The README's performance table (markdown) from a `bench_gpu.py --json` file.
+"""The performance table (README, docs/performance.md) (markdown) from a `bench_gpu.py --json` file.
 
     python3 benches/md_table.py benches/results/h200_bf16.json [--vs other_dtype.json]
 

@@ -275,8 +275,8 @@ class MoELayer(nn.Module):
             router weights and their gradient in one native call; no ``[T*k, d_model]``
             tensor kept for the backward): needs ``activation="swiglu"``,
             ``bias=False`` and no ``pad_to``. Same results to rounding, less activation
-            memory, faster on every measured configuration (README, "Whole MoE
-            layers"). ``None`` (default): fused whenever the layer allows it;
+            memory, faster on every measured configuration (docs/performance.md,
+            "Whole MoE layers"). ``None`` (default): fused whenever the layer allows it;
             ``False``: the unfused path (permute, :class:`~groupmm.nn.GroupedExperts`,
             unpermute).
         device, dtype: factory arguments.
