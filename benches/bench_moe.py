@@ -95,8 +95,9 @@ import groupmm
 import groupmm.nn as gnn
 import torch
 import torch.nn.functional as F
+from groupmm._glue import routes
 from groupmm.fused import expert_block
-from groupmm.moe import MoELayer, _routes, permute, unpermute
+from groupmm.moe import MoELayer, permute, unpermute
 from timing import (  # benches/timing.py, same folder
     calls_for,
     gmean,
@@ -300,7 +301,7 @@ def moe_forward(layer: MoELayer, x, ids=None, fused=False):
     or, when None, the layer's router."""
     w, ids = route(layer, x, ids)
     if fused:
-        r = _routes(ids, layer.num_experts, None)
+        r = routes(ids, layer.num_experts)
         ex = layer.experts
         return expert_block(x, ex.w_in, ex.w_out, r.offs, r.src, r.inverse, w)
     p = permute(x, ids, layer.num_experts)

@@ -56,6 +56,21 @@ def direct(*tensors) -> bool:
     return True
 
 
+def op(name: str, impl, fake, mutates=()):
+    """Registers ``impl`` as ``torch.ops.groupmm.<name>`` (writing the arguments named in
+    ``mutates``) with ``fake`` and returns the function the callers use: ``impl`` itself
+    on plain eager tensors, the op otherwise."""
+    registered = torch.library.custom_op(f"groupmm::{name}", mutates_args=mutates)(impl)
+    registered.register_fake(fake)
+
+    def call(*args):
+        return impl(*args) if direct(*args) else registered(*args)
+
+    call.__name__ = name
+    call.__doc__ = impl.__doc__
+    return call
+
+
 # --------------------------------------------------------------------------- shapes
 
 

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from . import _native
-from ._library import direct
+from ._library import op
 
 __all__ = [
     "differentiable",
@@ -50,21 +50,6 @@ def _weights(w: Optional[Tensor], rows: Tensor) -> Optional[Tensor]:
     if w is None or w.dtype in (rows.dtype, torch.float32):
         return w
     return w.float()
-
-
-def _op(name: str, impl, fake, mutates=()):
-    """Registers ``impl`` as ``torch.ops.groupmm.<name>`` (writing the arguments named in
-    ``mutates``) with ``fake`` and returns the function the callers use: ``impl`` itself
-    on plain eager tensors, the op otherwise."""
-    op = torch.library.custom_op(f"groupmm::{name}", mutates_args=mutates)(impl)
-    op.register_fake(fake)
-
-    def call(*args):
-        return impl(*args) if direct(*args) else op(*args)
-
-    call.__name__ = name
-    call.__doc__ = impl.__doc__
-    return call
 
 
 def _swiglu(pre: Tensor) -> Tensor:
@@ -116,8 +101,8 @@ def _row_dots_fake(grad, y, inverse, dtype):
     return grad.new_empty(inverse.shape, dtype=dtype)
 
 
-swiglu = _op("swiglu", _swiglu, _swiglu_fake)
-swiglu_backward = _op("swiglu_backward", _swiglu_backward, _swiglu_backward_fake)
-gather_sum = _op("gather_sum", _gather_sum, _gather_sum_fake)
-scatter_rows = _op("scatter_rows", _scatter_rows, _scatter_rows_fake)
-row_dots = _op("row_dots", _row_dots, _row_dots_fake)
+swiglu = op("swiglu", _swiglu, _swiglu_fake)
+swiglu_backward = op("swiglu_backward", _swiglu_backward, _swiglu_backward_fake)
+gather_sum = op("gather_sum", _gather_sum, _gather_sum_fake)
+scatter_rows = op("scatter_rows", _scatter_rows, _scatter_rows_fake)
+row_dots = op("row_dots", _row_dots, _row_dots_fake)

@@ -90,14 +90,9 @@ from ._glue import (
     take_rows,
     to_rows,
 )
-from ._library import column_major, direct
-from ._rows import _op
+from ._library import column_major, direct, op
 
 __all__ = ["expert_block", "expert_down", "expert_up", "swiglu_grad"]
-
-#: the former name of :func:`swiglu_grad` (the backward formula; ``_rows.swiglu_backward``
-#: is the row op it runs), kept so that old imports work
-swiglu_backward = swiglu_grad
 
 
 # --------------------------------------------------------------------------- the fused parts
@@ -166,7 +161,7 @@ def _dgated_fake(dy, w_out, offs, pre, scale):
 
 
 #: op ``groupmm::dgated`` (no autograd formula: the arithmetic of the block's backward)
-_dgated = _op("dgated", _dgated_mm, _dgated_fake)
+_dgated = op("dgated", _dgated_mm, _dgated_fake)
 
 
 def _dgated_over_pre(
@@ -191,7 +186,7 @@ def _dgated_over_pre_fake(dy, w_out, offs, pre, scale):
 
 #: op ``groupmm::dgated_over_pre`` (writes ``pre``; used only where nothing reads ``pre``
 #: afterwards: :func:`_overwrites_pre`)
-_dgated_over = _op("dgated_over_pre", _dgated_over_pre, _dgated_over_pre_fake, ("pre",))
+_dgated_over = op("dgated_over_pre", _dgated_over_pre, _dgated_over_pre_fake, ("pre",))
 
 
 def _overwrites_pre(own_pre: bool) -> bool:
@@ -253,7 +248,7 @@ def _gather_k_mm_fake(a, b, offs, src, gathered_b, transposed):
 
 
 #: op ``groupmm::gather_k_mm`` (no autograd formula: the arithmetic of the backwards)
-_gather_k = _op("gather_k_mm", _gather_k_mm, _gather_k_mm_fake)
+_gather_k = op("gather_k_mm", _gather_k_mm, _gather_k_mm_fake)
 
 
 def _weight_grad(a: Tensor, grad: Tensor, offs: Tensor, w: Tensor) -> Tensor:

@@ -32,9 +32,6 @@ from torch import nn
 
 from . import _checks as check
 from ._glue import Combine, dispatch, routes
-from ._glue import combine as combine  # the glue's former home: old imports keep working
-from ._glue import combine_backward as combine_backward
-from ._glue import sum_copies as sum_copies
 from .fused import expert_block
 from .nn import GroupedExperts
 from .parallel import Plan, dispatch_combine, expert_parallel_block
@@ -420,8 +417,3 @@ class MoELayer(nn.Module):
         mine = {k: v[lo:hi] for k, v in ex.state_dict().items()}
         layer.experts.load_state_dict(mine)
         return layer
-
-
-#: the routing's former name, still imported by benches/bench_moe.py and
-#: tests/programs/sanitize_cases.py (``_routes(ids, E, None)``: ``offs``, ``src``, ``inverse``)
-_routes = routes

@@ -146,8 +146,8 @@ def gathered(dev) -> int:
 def moe_rows(dev) -> int:
     """The row ops of groupmm._rows and the fused expert ops, forward and backward."""
     from groupmm import _rows
+    from groupmm._glue import routes
     from groupmm.fused import expert_block, expert_down, expert_up
-    from groupmm.moe import _routes
 
     n = 0
     for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.float64):
@@ -185,7 +185,7 @@ def moe_rows(dev) -> int:
         return n
     E, k, T, D, F = 8, 2, 37, 64, 32
     ids = torch.stack([torch.randperm(E)[:k] for _ in range(T)]).to(dev)
-    r = _routes(ids, E, None)
+    r = routes(ids, E)
     bf = torch.bfloat16
     x = torch.randn(T, D, device=dev, dtype=bf, requires_grad=True)
     w_in = torch.randn(E, D, 2 * F, device=dev, dtype=bf, requires_grad=True)

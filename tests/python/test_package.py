@@ -1,8 +1,8 @@
 """The package's layers (python/groupmm/): the fake kernels raise the Rust shape rule's
 errors (the eager messages, concrete and symbolic shapes) and keep symbolic sizes
 symbolic; a compiled call reports a dtype error from the kernel; the numpy path works
-without torch; the eager path never enters the dispatcher; ``GroupedMM`` and
-``groupmm.ops`` still work when used directly."""
+without torch; the eager path never enters the dispatcher; ``GroupedMM`` works when
+used directly."""
 
 from __future__ import annotations
 
@@ -159,12 +159,9 @@ def test_eager_calls_do_not_enter_the_dispatcher(monkeypatch):
 
 def test_grouped_mm_function_called_directly():
     """``GroupedMM.apply(a, b, offs, out_dtype)`` (the public shim, outside grouped_mm)
-    and the ``groupmm.ops`` re-exports still work, double backward included."""
-    from groupmm.ops import GroupedMM, GroupedMMList
-    from groupmm.ops import grouped_mm as ops_grouped_mm
+    works, double backward included."""
+    from groupmm import GroupedMM
 
-    assert GroupedMM is groupmm.GroupedMM and GroupedMMList is groupmm.GroupedMMList
-    assert ops_grouped_mm is grouped_mm
     a, b, offs = make_packed("2d3d", groups=2, m=3, n=4, k=5, extent=6, offs=[1, 6], seed=4)
     a.requires_grad_(True)
     b.requires_grad_(True)
