@@ -14,7 +14,7 @@
 #![cfg_attr(not(feature = "python"), allow(dead_code))]
 
 use super::ffi;
-use super::{Device, IntTensor, Runtime, Tensor};
+use super::vocab::{Device, IntTensor, Runtime, Tensor};
 use crate::cpu::rows::RowPtrs;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -191,7 +191,7 @@ pub(super) fn readable<R: Runtime>(rt: &mut R, t: &Tensor) -> Result<Tensor> {
 pub(super) fn row_major<R: Runtime>(rt: &mut R, t: &Tensor) -> Result<Tensor> {
     match operand(t) {
         Some(o) if !o.col_major => Ok(t.clone()),
-        _ => super::contiguous(rt, t),
+        _ => super::operands::contiguous(rt, t),
     }
 }
 

@@ -8,13 +8,16 @@
 //! the bridge answers `Unsupported` (no kernel for the device, dtype or alignment; nothing
 //! ran). `swiglu_mm` and `dgated_mm` with `src` first ask for the rows read through
 //! `src` inside the product; where no kernel does that (in-GEMM gathering is off by
-//! default) they gather them first, as `gather_mm` does ([`super::gather_rows`]), and ask
+//! default) they gather them first, as `gather_mm` does ([`super::rows::gather_rows`]), and ask
 //! for the epilogue alone. A `None` is the caller's to compose from plain products and row ops
 //! (`groupmm.fused` in Python, where the composition's formulas live with the glue): the
 //! engine composes nothing here. No host sync: `offs` is read on the device only, and an
 //! earlier call's invalid `offs` is raised as every packed call raises it.
 
-use super::{contiguous, contiguous_int32, cuda, Device, IntTensor, Operands, Runtime, Tensor};
+use super::cuda;
+use super::operands::{check_out, contiguous, contiguous_int32, writes_in_place, Operands};
+use super::rows::gather_rows;
+use super::vocab::{Device, IntTensor, Output, Runtime, Tensor};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::layout::Transposable;
@@ -75,7 +78,7 @@ pub unsafe fn swiglu_mm<R: Runtime>(
     // off by default): gather them first, as gather_mm does, and ask for the epilogue
     // alone.
     // SAFETY: forwarded contract; `src` contiguous int32.
-    let (_keep, rows) = unsafe { super::gather_rows(rt, x, src)? };
+    let (_keep, rows) = unsafe { gather_rows(rt, x, src)? };
     // SAFETY: as above; `rows` lives until `_keep` drops, after the call.
     let ran = unsafe { cuda::packed(rt, plan, &rows, w, offs, &fusion(None), &pre_t)? };
     Ok(ran.then_some([pre, act]))
@@ -92,7 +95,7 @@ pub unsafe fn swiglu_mm<R: Runtime>(
 /// the CPU and where no kernel runs it (with `src`: after gathering the rows first, when
 /// no kernel reads them through `src`); then `out` is left as it was.
 ///
-/// `out`, when given, receives `dpre` (checked as every output is, [`super::check_out`])
+/// `out`, when given, receives `dpre` (checked as every output is, `operands::check_out`)
 /// and is returned in its place. It may be `pre` itself, exactly (same address and
 /// layout: [`shape::check_same_or_disjoint`]): the backward's last read of the
 /// pre-activation, so that its `[R, 2F]` gradient needs no memory of its own. The DGated
@@ -111,7 +114,7 @@ pub unsafe fn dgated_mm<R: Runtime>(
     pre: &Tensor,
     scale: &Tensor,
     src: Option<&IntTensor>,
-    out: Option<super::Output<R::Out>>,
+    out: Option<Output<R::Out>>,
 ) -> Result<Option<[R::Out; 3]>> {
     shape::check_like("w", w.like(), "dy", dy.reference())?;
     if let Some(s) = src {
@@ -132,7 +135,7 @@ pub unsafe fn dgated_mm<R: Runtime>(
     let shapes = dims.out_shapes();
     if let Some((_, t)) = &out {
         let inputs = [("dy", dy), ("w", w), ("scale", scale)];
-        super::check_out("out", t, &shapes[0], dy.dtype, ("dy", dy), inputs)?;
+        check_out("out", t, &shapes[0], dy.dtype, ("dy", dy), inputs)?;
         let (o, p) = (
             (t.ptr, &t.layout, t.byte_range()),
             (pre.ptr, &pre.layout, pre.byte_range()),
@@ -151,7 +154,7 @@ pub unsafe fn dgated_mm<R: Runtime>(
     // dpre's target: `out` where the kernels write it as it is (contiguous), else fresh
     // (copied into `out` after the product, `into`)
     let (dpre, dpre_t, into) = match out {
-        Some((o, t)) if super::writes_in_place(&t) => (o, t, None),
+        Some((o, t)) if writes_in_place(&t) => (o, t, None),
         out => {
             let (fresh, t) = rt.alloc(&shapes[0], dy.dtype, dy.device)?;
             (fresh, t, out.map(|(o, _)| o))
@@ -182,7 +185,7 @@ pub unsafe fn dgated_mm<R: Runtime>(
         // No kernel reads the rows through `src` inside this product: gather them first
         // and ask for the epilogue alone.
         // SAFETY: forwarded contract; `src` contiguous int32.
-        let (_keep, rows) = unsafe { super::gather_rows(rt, dy, src)? };
+        let (_keep, rows) = unsafe { gather_rows(rt, dy, src)? };
         // SAFETY: as above; `rows` lives until `_keep` drops, after the call.
         ran = unsafe { cuda::packed(rt, plan, &rows, wt, offs, &fusion(None), &dpre_t)? };
     }

@@ -18,6 +18,10 @@
 //!
 //! Every check happens before anything is allocated or written: on error the caller's
 //! buffers are untouched.
+//!
+//! This file is the GEMM pipeline (packed and list forms, forward and backward); the
+//! vocabulary it and its siblings speak is [`vocab`], the operand and output
+//! normalisation they share is [`operands`]: no module of `exec/` imports from this one.
 
 // The ndarray face runs on the CPU only: without the Python face, or in a build without
 // CUDA, the CUDA half of the engine (devices, workspaces, the launchers) has no caller.
@@ -26,15 +30,20 @@
 pub(crate) mod cuda;
 pub(crate) mod ffi;
 pub(crate) mod fused;
+mod operands;
 pub(crate) mod rows;
+mod vocab;
+
+use operands::{check_out, contiguous_int32, into_target, writes_in_place, Operands};
+use rows::gather_rows;
+pub use vocab::{Device, Grads, IntTensor, Output, Runtime, Tensor};
 
 use crate::cpu;
 use crate::dtype::DType;
-use crate::error::{Error, Result};
-use crate::layout::{Layout, Transposable};
+use crate::error::Result;
+use crate::layout::Transposable;
 use crate::shape::{self, GroupDims, Item, PackedDims};
 use half::{bf16, f16};
-use std::fmt;
 
 /// Runs `$body` with `$TI`, `$TO` bound to the element types of the runtime dtypes
 /// `$ti`, `$to` (every pair: the ndarray face chooses its output type freely).
@@ -61,208 +70,6 @@ macro_rules! with_types {
             })*
         }
     };
-}
-
-/// Where an operand lives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Device {
-    /// Host memory.
-    Cpu,
-    /// Memory of the CUDA device with this index.
-    Cuda(i32),
-}
-
-impl fmt::Display for Device {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Device::Cpu => write!(f, "cpu"),
-            Device::Cuda(i) => write!(f, "cuda:{i}"),
-        }
-    }
-}
-
-/// A float operand as the engine sees it.
-#[derive(Debug, Clone)]
-pub struct Tensor {
-    /// Address of element `[0, 0, ...]` (a device address on CUDA).
-    pub ptr: usize,
-    /// Element type.
-    pub dtype: DType,
-    /// Shape and strides in elements.
-    pub layout: Layout,
-    /// Where the memory is.
-    pub device: Device,
-    /// The face's handle for the object behind this description, handed back in
-    /// [`Runtime::contiguous`].
-    pub id: usize,
-    /// True when `layout` is the object's own layout with the last two dims swapped.
-    pub transposed: bool,
-}
-
-impl AsRef<Layout> for Tensor {
-    fn as_ref(&self) -> &Layout {
-        &self.layout
-    }
-}
-
-impl Transposable for Tensor {
-    fn transposed(&self) -> Self {
-        Tensor {
-            layout: self.layout.transposed(),
-            transposed: !self.transposed,
-            ..self.clone()
-        }
-    }
-}
-
-impl Tensor {
-    /// Half-open byte range the elements occupy (empty for empty tensors).
-    pub fn byte_range(&self) -> (usize, usize) {
-        if self.layout.numel() == 0 {
-            return (self.ptr, self.ptr);
-        }
-        let es = self.dtype.size() as isize;
-        let (lo, hi) = self.layout.offset_range();
-        (
-            (self.ptr as isize + lo * es) as usize,
-            (self.ptr as isize + (hi + 1) * es) as usize,
-        )
-    }
-
-    fn like(&self) -> (Option<DType>, Device) {
-        (Some(self.dtype), self.device)
-    }
-
-    fn reference(&self) -> (DType, Device) {
-        (self.dtype, self.device)
-    }
-}
-
-/// An integer operand: `offs` (int32 group ends), or an index (`src`, `inverse`). The
-/// kernels read int32 only: a face may describe an index of another integer dtype
-/// (`int32: false`), which the engine has converted through [`Runtime::int32`] first.
-#[derive(Debug, Clone)]
-pub struct IntTensor {
-    /// Address of element `[0, ...]`.
-    pub ptr: usize,
-    /// Its layout (checked by the rules).
-    pub layout: Layout,
-    /// Where the memory is.
-    pub device: Device,
-    /// The face's handle, as for [`Tensor::id`].
-    pub id: usize,
-    /// True when the elements are int32 (always for `offs`).
-    pub int32: bool,
-}
-
-/// An output: the face's own object and its description.
-pub type Output<O> = (O, Tensor);
-
-/// The gradients of a backward call, `(dA, dB)`, each `None` unless asked for.
-pub type Grads<O> = (Option<O>, Option<O>);
-
-/// What a face's runtime lends the engine for one call: memory (outputs, workspaces,
-/// argument blocks, normalised copies), the current CUDA stream, the TF32 flag, and how
-/// CPU kernels run (the torch face releases the GIL). Only [`Runtime::alloc`] is needed
-/// by the GEMMs on the CPU; the other methods serve CUDA calls and the row ops, and fail
-/// by default.
-pub trait Runtime {
-    /// The face's output object (a torch tensor, a numpy array, an ndarray array).
-    type Out;
-
-    /// A fresh row-major contiguous output (contents need not be initialised).
-    fn alloc(&mut self, shape: &[usize], dtype: DType, device: Device)
-        -> Result<Output<Self::Out>>;
-
-    /// Runs CPU kernels (the torch face releases the GIL here).
-    fn run_cpu(&mut self, job: &mut (dyn FnMut() + Send)) {
-        job()
-    }
-
-    /// A contiguous copy of the face's object `id` (CUDA operands no kernel reads in
-    /// place; any operand of a row op): its address and layout, in the object's own
-    /// orientation. It must stay alive until the call returns.
-    fn contiguous(&mut self, _id: usize) -> Result<(usize, Layout)> {
-        Err(no_cuda_memory())
-    }
-
-    /// A contiguous int32 copy of the face's integer object `id` (an index of another
-    /// integer dtype): its address (its layout: row-major, the object's shape). It must
-    /// stay alive until the call returns.
-    fn int32(&mut self, _id: usize) -> Result<usize> {
-        Err(no_cuda_memory())
-    }
-
-    /// Whether [`Runtime::transposed`] works: then a packed backward gives each gradient
-    /// in its operand's layout (`shape::transposed_grads`).
-    fn can_transpose(&self) -> bool {
-        false
-    }
-
-    /// The output `o` with its last two dimensions swapped (a view, no copy).
-    fn transposed(&mut self, _o: Self::Out) -> Result<Self::Out> {
-        Err(Error::Type(
-            "internal: this face cannot transpose an output".into(),
-        ))
-    }
-
-    /// Copies `src` into `dst` on the device, stream-ordered (CUDA outputs that the
-    /// kernels cannot write in place).
-    fn copy_into(&mut self, _dst: &Self::Out, _src: &Self::Out) -> Result<()> {
-        Err(no_cuda_memory())
-    }
-
-    /// The current CUDA stream (`cudaStream_t`) of `device`.
-    fn stream(&mut self, _device: i32) -> Result<u64> {
-        Err(no_cuda_memory())
-    }
-
-    /// Whether float32 products may use TF32 tensor cores.
-    fn allow_tf32(&mut self) -> Result<bool> {
-        Ok(false)
-    }
-
-    /// The workspace kept for (`device`, `stream`): `(address, bytes)`, `(0, 0)` if none.
-    /// It must stay alive until the call returns.
-    fn cached_workspace(&mut self, _device: i32, _stream: u64) -> (u64, usize) {
-        (0, 0)
-    }
-
-    /// A workspace of at least `bytes` (256-byte aligned) for a launch on `stream`;
-    /// under graph capture (`capturing`) fresh memory of the graph, never a kept block.
-    /// Zero-filled when allocated (stream-ordered): the CUTLASS ptr-array kernels' tensor
-    /// maps live there, and the first copy into each is seen as a read of never-written
-    /// memory by compute-sanitizer's initcheck (issue 14; cuda/NOTES.md).
-    fn workspace(
-        &mut self,
-        _device: i32,
-        _stream: u64,
-        _bytes: usize,
-        _capturing: bool,
-    ) -> Result<u64> {
-        Err(no_cuda_memory())
-    }
-
-    /// Fresh, zero-filled device memory of `bytes` (256-byte aligned), stream-ordered (a
-    /// kernel workspace; see `workspace`).
-    fn device_bytes(&mut self, _device: i32, _bytes: usize) -> Result<u64> {
-        Err(no_cuda_memory())
-    }
-
-    /// Device memory of `bytes` holding what `fill` writes into a host buffer of that
-    /// size, copied on the current stream (no sync).
-    fn upload(
-        &mut self,
-        _device: i32,
-        _bytes: usize,
-        _fill: &mut dyn FnMut(&mut [u8]) -> Result<()>,
-    ) -> Result<u64> {
-        Err(no_cuda_memory())
-    }
-}
-
-fn no_cuda_memory() -> Error {
-    Error::Cuda("internal: this face lends no CUDA memory".into())
 }
 
 // ---------------------------------------------------------------------------------
@@ -297,31 +104,6 @@ unsafe fn host_offs(offs: Option<&IntTensor>, plan: &PackedDims) -> Result<Optio
         .collect();
     shape::check_offs(&vals, plan)?;
     Ok(Some(vals))
-}
-
-/// Checks a user-supplied output against the call: device, dtype, shape, no
-/// self-overlap, no memory shared with an input (`inputs`: names and descriptions).
-fn check_out<'t, N: fmt::Display>(
-    name: impl fmt::Display + Copy,
-    out: &Tensor,
-    shape: &[usize],
-    dtype: DType,
-    like: (&str, &Tensor),
-    inputs: impl IntoIterator<Item = (N, &'t Tensor)>,
-) -> Result<()> {
-    shape::check_like(name, (None, out.device), like.0, like.1.reference())?;
-    shape::check_out_dtype(name, out.dtype, dtype)?;
-    shape::check_out(name, &out.layout, shape)?;
-    let range = out.byte_range();
-    for (input, t) in inputs {
-        shape::check_disjoint(
-            name,
-            range,
-            format_args!("the input {input}"),
-            t.byte_range(),
-        )?;
-    }
-    Ok(())
 }
 
 /// Grouped product of a packed form into `out` (allocated when `None`); returns the
@@ -610,42 +392,6 @@ fn writes_slab_in_place(out: &Tensor) -> bool {
     }
 }
 
-/// The rows `x[src[r]]` of a gathered product in a fresh contiguous `[R, K]` (a row
-/// whose `src` is out of range: zeros on CUDA, where the device's deferred flag reports
-/// it; an error on the CPU, [`shape::check_indices`]): the row op `GatherSum` with `src`
-/// as a one-column `inverse` (row `r` sums the one row `src[r]`). The output object keeps
-/// the rows alive.
-///
-/// # Safety
-/// As [`packed`]; `x` is 2-D and `src` contiguous int32 (validated by
-/// [`shape::plan_gather`], [`shape::plan_gather_k`] or [`shape::plan_dgated_mm`], made so
-/// by [`contiguous_int32`]).
-unsafe fn gather_rows<R: Runtime>(
-    rt: &mut R,
-    x: &Tensor,
-    src: &IntTensor,
-) -> Result<Output<R::Out>> {
-    let x = contiguous(rt, x)?;
-    let (rows, k) = (src.layout.shape[0], x.layout.shape[1]);
-    let out = rt.alloc(&[rows, k], x.dtype, x.device)?;
-    let gather = shape::RowsDims {
-        op: shape::RowsOp::GatherSum,
-        tokens: rows,
-        top_k: 1,
-        rows: x.layout.shape[0],
-        cols: k,
-    };
-    let p = cpu::rows::RowPtrs {
-        x: x.ptr,
-        inverse: src.ptr,
-        out: out.1.ptr,
-        ..Default::default()
-    };
-    // SAFETY: forwarded contract; `x` and `src` contiguous, the output fresh `[R, K]`.
-    unsafe { rows::launch(rt, &gather, x.device, (x.dtype, x.dtype), p)? };
-    Ok(out)
-}
-
 /// Runs a validated packed product into the target `c` (shape `plan.out_shape`).
 ///
 /// # Safety
@@ -885,107 +631,10 @@ unsafe fn run_list_into<R: Runtime>(
         .collect()
 }
 
-// ---------------------------------------------------------------------------------
-// Shared by both forms
-// ---------------------------------------------------------------------------------
-
-/// `t`, or a contiguous copy of it (made by the face): the row ops read contiguous rows.
-fn contiguous<R: Runtime>(rt: &mut R, t: &Tensor) -> Result<Tensor> {
-    if t.layout.is_contiguous() {
-        return Ok(t.clone());
-    }
-    let (ptr, layout) = rt.contiguous(t.id)?;
-    Ok(Tensor {
-        ptr,
-        layout,
-        transposed: false,
-        ..t.clone()
-    })
-}
-
-/// An index as the kernels read it: `i` when it is contiguous int32, else a contiguous
-/// int32 copy made by the face (one conversion for any other integer dtype).
-fn contiguous_int32<R: Runtime>(rt: &mut R, i: &IntTensor) -> Result<IntTensor> {
-    let (ptr, layout) = match (i.int32, i.layout.is_contiguous()) {
-        (true, true) => return Ok(i.clone()),
-        (true, false) => rt.contiguous(i.id)?,
-        (false, _) => (rt.int32(i.id)?, Layout::contiguous(&i.layout.shape)),
-    };
-    Ok(IntTensor {
-        ptr,
-        layout,
-        int32: true,
-        ..i.clone()
-    })
-}
-
-/// True when the kernels write `out` as it is: any layout on the CPU, contiguous
-/// row-major on CUDA.
-fn writes_in_place(out: &Tensor) -> bool {
-    out.device == Device::Cpu || out.layout.is_contiguous()
-}
-
-/// Runs `run` on the output target: `out` itself when the kernels can write it in
-/// place, else a fresh output copied into `out` afterwards; a fresh output when `out`
-/// is `None`.
-fn into_target<R: Runtime>(
-    rt: &mut R,
-    out: Option<Output<R::Out>>,
-    shape: &[usize],
-    dtype: DType,
-    device: Device,
-    run: impl FnOnce(&mut R, &Tensor) -> Result<()>,
-) -> Result<R::Out> {
-    match out {
-        Some((o, t)) if writes_in_place(&t) => {
-            run(rt, &t)?;
-            Ok(o)
-        }
-        Some((o, _)) => {
-            let (tmp, t) = rt.alloc(shape, dtype, device)?;
-            run(rt, &t)?;
-            rt.copy_into(&o, &tmp)?;
-            Ok(o)
-        }
-        None => {
-            let (o, t) = rt.alloc(shape, dtype, device)?;
-            run(rt, &t)?;
-            Ok(o)
-        }
-    }
-}
-
-/// The inputs of a call as the kernels will read them: on the CPU the descriptions as
-/// given; on CUDA a contiguous copy (through the face) of each operand no kernel can
-/// read in place, made once per call even when an operand feeds two products.
-struct Operands {
-    t: Vec<Tensor>,
-    offs: Option<IntTensor>,
-}
-
-impl Operands {
-    fn prepare<R: Runtime>(rt: &mut R, t: &[&Tensor], offs: Option<&IntTensor>) -> Result<Self> {
-        match t.first().map(|x| x.device) {
-            Some(Device::Cuda(_)) => {
-                cuda::check_compiled()?;
-                Ok(Operands {
-                    t: t.iter()
-                        .map(|x| cuda::readable(rt, x))
-                        .collect::<Result<_>>()?,
-                    offs: offs.map(|o| cuda::readable_offs(rt, o)).transpose()?,
-                })
-            }
-            _ => Ok(Operands {
-                t: t.iter().map(|&x| x.clone()).collect(),
-                offs: offs.cloned(),
-            }),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::layout::Layout;
 
     /// Host float64 outputs filled with NaN (every element must be written); any other
     /// loan fails the test.

@@ -8,7 +8,9 @@
 //! Arithmetic: fp32 on CUDA (fp64 for float64) and fp64 on the CPU, one rounding per
 //! output element; fixed summation order, no atomics (deterministic).
 
-use super::{contiguous, contiguous_int32, cuda, Device, IntTensor, Runtime, Tensor};
+use super::cuda;
+use super::operands::{contiguous, contiguous_int32};
+use super::vocab::{Device, IntTensor, Output, Runtime, Tensor};
 use crate::cpu::{self, rows::RowPtrs};
 use crate::dtype::DType;
 use crate::error::Result;
@@ -224,6 +226,42 @@ pub(super) unsafe fn launch<R: Runtime>(
             Ok(())
         }
     }
+}
+
+/// The rows `x[src[r]]` of a gathered product in a fresh contiguous `[R, K]` (a row
+/// whose `src` is out of range: zeros on CUDA, where the device's deferred flag reports
+/// it; an error on the CPU, [`shape::check_indices`]): the row op `GatherSum` with `src`
+/// as a one-column `inverse` (row `r` sums the one row `src[r]`). The output object keeps
+/// the rows alive.
+///
+/// # Safety
+/// As [`packed`]; `x` is 2-D and `src` contiguous int32 (validated by
+/// [`shape::plan_gather`], [`shape::plan_gather_k`] or [`shape::plan_dgated_mm`], made so
+/// by [`contiguous_int32`]).
+pub(super) unsafe fn gather_rows<R: Runtime>(
+    rt: &mut R,
+    x: &Tensor,
+    src: &IntTensor,
+) -> Result<Output<R::Out>> {
+    let x = contiguous(rt, x)?;
+    let (rows, k) = (src.layout.shape[0], x.layout.shape[1]);
+    let out = rt.alloc(&[rows, k], x.dtype, x.device)?;
+    let gather = shape::RowsDims {
+        op: shape::RowsOp::GatherSum,
+        tokens: rows,
+        top_k: 1,
+        rows: x.layout.shape[0],
+        cols: k,
+    };
+    let p = cpu::rows::RowPtrs {
+        x: x.ptr,
+        inverse: src.ptr,
+        out: out.1.ptr,
+        ..Default::default()
+    };
+    // SAFETY: forwarded contract; `x` and `src` contiguous, the output fresh `[R, K]`.
+    unsafe { launch(rt, &gather, x.device, (x.dtype, x.dtype), p)? };
+    Ok(out)
 }
 
 #[cfg(test)]
