@@ -741,3 +741,62 @@ def test_expert_compute_cuda_no_rows(indexed):
     got = _grads(out, ins, torch.randn_like(out))
     assert got[0].shape == (0, 256)
     assert torch.count_nonzero(got[1]) == 0 and torch.count_nonzero(got[2]) == 0
+
+
+def _reference_by_ids(rows, w_in, w_out, ids, weights):
+    """Independent float64 reference of ``expert_compute(expert_ids=...)``: for each row
+    and slot with an id in ``[0, E)``, the slot's weight times that expert's SwiGLU MLP of
+    the row, summed over the slots (other ids: sentinels, nothing)."""
+    rows, w_in, w_out = rows.to(F64), w_in.to(F64), w_out.to(F64)
+    experts, fh = w_in.shape[0], w_out.shape[1]
+    out = rows.new_zeros(rows.shape[0], w_out.shape[2])
+    for i in range(rows.shape[0]):
+        for j in range(ids.shape[1]):
+            e = int(ids[i, j])
+            if 0 <= e < experts:
+                pre = rows[i] @ w_in[e]
+                y = (F.silu(pre[:fh]) * pre[fh:]) @ w_out[e]
+                out[i] = out[i] + (y if weights is None else weights[i, j].to(F64) * y)
+    return out
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_expert_compute_by_expert_ids_equals_reference(weighted):
+    """``expert_ids=`` (DeepEP-style: each row once, its local experts per slot, -1 and
+    ids >= E as sentinels): output and every gradient against the per-row reference;
+    sentinel slots get no weight gradient."""
+    rows, w_in, w_out, _, _, _ = _compute_case(R=9, counts=(0, 0, 0, 0), seed=12)
+    gen = torch.Generator().manual_seed(13)
+    ids = torch.randint(-1, 5, (9, 3), generator=gen)  # E = 4: -1 and 4 are sentinels
+    ids[2] = -1  # a row with no local expert at all
+    weights = torch.rand(9, 3, generator=gen, dtype=F64) + 0.5 if weighted else None
+    ins = [t.clone().requires_grad_() for t in (rows, w_in, w_out)]
+    if weighted:
+        ins.append(weights.clone().requires_grad_())
+    out = expert_compute(*ins[:3], expert_ids=ids, weights=ins[3] if weighted else None)
+    refs = [t.detach().clone().requires_grad_() for t in ins]
+    ref = _reference_by_ids(*refs[:3], ids, refs[3] if weighted else None)
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    assert torch.count_nonzero(out[2]) == 0
+    go = torch.randn_like(ref)
+    got = _grads(out, ins, go)
+    for g, r in zip(got, _grads(ref, refs, go)):
+        torch.testing.assert_close(g, r, rtol=1e-11, atol=1e-11)
+    if weighted:
+        sentinel = (ids < 0) | (ids >= 4)
+        assert torch.count_nonzero(got[3][sentinel]) == 0
+
+
+def test_expert_compute_by_expert_ids_errors():
+    rows, w_in, w_out, counts, perm, _ = _compute_case(R=6, counts=(1, 2, 0, 3))
+    ids = torch.zeros(6, 2, dtype=torch.long)
+    with pytest.raises(ValueError, match=ONE_OF):
+        expert_compute(rows, w_in, w_out, counts=counts, expert_ids=ids)
+    with pytest.raises(ValueError, match="^index: expected None with expert_ids"):
+        expert_compute(rows, w_in, w_out, expert_ids=ids, index=perm)
+    with pytest.raises(ValueError, match=r"^expert_ids: expected shape \[R=6, k\]"):
+        expert_compute(rows, w_in, w_out, expert_ids=ids[:5])
+    with pytest.raises(ValueError, match="^weights: expected"):
+        expert_compute(rows, w_in, w_out, expert_ids=ids, weights=torch.ones(6, 3, dtype=F64))
+    one = expert_compute(rows, w_in, w_out, expert_ids=ids[:, 0])  # [R] is k = 1
+    torch.testing.assert_close(one, _reference_by_ids(rows, w_in, w_out, ids[:, :1], None))
