@@ -11,6 +11,7 @@ import importlib.util
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import List, Optional, Sequence
 
@@ -274,3 +275,20 @@ def load_bench(name):
     sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+class WallClockEvent:
+    """A stand-in for ``torch.cuda.Event`` on the CPU, for the benches' tests: ``record``
+    reads the wall clock, ``elapsed_time`` gives milliseconds (at least 1e-6)."""
+
+    def __init__(self, enable_timing=False):
+        self.t = None
+
+    def record(self, stream=None):
+        self.t = time.perf_counter()
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, other):
+        return max((other.t - self.t) * 1e3, 1e-6)

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import load_bench
+from conftest import WallClockEvent, load_bench
 from groupmm.moe import MoELayer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -566,20 +566,8 @@ def fake_sonic_layer(calls: list):
 def _fake_cuda(monkeypatch):
     """CUDA's events, spin, device queries and memory counters, on the CPU: events read
     the wall clock; every reset of the peak makes the next step's peak 100 bytes more."""
-    import time
 
-    class Event:
-        def __init__(self, enable_timing=False):
-            self.t = None
-
-        def record(self, stream=None):
-            self.t = time.perf_counter()
-
-        def synchronize(self):
-            pass
-
-        def elapsed_time(self, other):
-            return (other.t - self.t) * 1e3
+    Event = WallClockEvent
 
     resets = []
     for name, value in (

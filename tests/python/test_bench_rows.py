@@ -16,7 +16,7 @@ import types
 
 import pytest
 import torch
-from conftest import load_bench
+from conftest import WallClockEvent, load_bench
 
 timing = load_bench("timing")  # bench_rows imports it from its folder
 bench = load_bench("bench_rows")
@@ -535,20 +535,8 @@ def test_from_json_merges_two_files(tmp_path, capsys):
 def _fake_cuda(monkeypatch, free=64 << 30):
     """CUDA's events, spin, device queries and memory counters, on the CPU: events read
     the wall clock."""
-    import time
 
-    class Event:
-        def __init__(self, enable_timing=False):
-            self.t = None
-
-        def record(self, stream=None):
-            self.t = time.perf_counter()
-
-        def synchronize(self):
-            pass
-
-        def elapsed_time(self, other):
-            return max((other.t - self.t) * 1e3, 1e-6)
+    Event = WallClockEvent
 
     for name, value in (
         ("Event", Event),

@@ -14,7 +14,7 @@ import statistics
 
 import pytest
 import torch
-from conftest import load_bench
+from conftest import WallClockEvent, load_bench
 
 timing = load_bench("timing")
 bench = load_bench("bench_gpu")
@@ -426,20 +426,8 @@ class FakeQuack:
 def test_run_shape_end_to_end_on_the_cpu(monkeypatch):
     """bench_gpu's row loop with every implementation (groupmm, F.grouped_mm, quack's
     selection and the chosen config, the loop, dense) on the CPU, timed by wall clock."""
-    import time
 
-    class Event:
-        def __init__(self, enable_timing=False):
-            self.t = None
-
-        def record(self, stream=None):
-            self.t = time.perf_counter()
-
-        def synchronize(self):
-            pass
-
-        def elapsed_time(self, other):
-            return (other.t - self.t) * 1e3
+    Event = WallClockEvent
 
     monkeypatch.setattr(torch.cuda, "Event", Event)
     monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None)
@@ -501,20 +489,8 @@ def test_run_shape_end_to_end_on_the_cpu(monkeypatch):
 def test_main_writes_json_md_png_and_honours_the_budget(monkeypatch, tmp_path, capsys):
     """main() end to end on the CPU (a stand-in for CUDA's events and device queries; the
     ceilings and the host-cost step stubbed): outputs, environment, summary, --budget-s."""
-    import time
 
-    class Event:
-        def __init__(self, enable_timing=False):
-            self.t = None
-
-        def record(self, stream=None):
-            self.t = time.perf_counter()
-
-        def synchronize(self):
-            pass
-
-        def elapsed_time(self, other):
-            return (other.t - self.t) * 1e3
+    Event = WallClockEvent
 
     for name, value in (
         ("Event", Event),
