@@ -375,7 +375,7 @@ def expert_parallel_block(
     p = plan_tokens(expert_ids, num_local, group)
     # each sent row's chosen experts as the receiving rank's local ids (num_local for
     # another rank's expert), sent beside the rows
-    ids = expert_ids.index_select(0, p.send_tokens.long())
+    ids = expert_ids.index_select(0, p.send_tokens)
     ranks = torch.arange(len(p.in_splits), device=x.device)
     owner = torch.repeat_interleave(ranks, p.per_rank, output_size=p.send_tokens.shape[0])
     ids = ids - (owner * num_local).unsqueeze(1)
