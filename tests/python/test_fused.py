@@ -224,7 +224,7 @@ def test_expert_block_wide_tokens_and_a_retained_graph(device, dtype, column_maj
     gets its gradient in its own layout); and a retained graph: the backward that writes
     pre's gradient over pre must not do so when autograd keeps the graph, so a second
     backward gets the same gradients."""
-    from groupmm.fused import _slabs
+    from groupmm._fused_ops import _slabs
 
     assert _slabs(200) == [(0, 128), (128, 200)] and _slabs(127) == [(0, 127)]
     assert _slabs(2880) == [(0, 1472), (1472, 2880)] and _slabs(2048) == [(0, 1024), (1024, 2048)]
@@ -430,7 +430,7 @@ def test_expert_block_saves_no_routed_rows_and_frees_pre_before_the_up_backward(
     pre = [ref for shape, ref in saved if shape == (R, 2 * Fh)]
     assert len(pre) == 1 and pre[0]() is not None
     nodes = _graph_nodes(out.grad_fn)
-    # eager: the ops' autograd.Function twins (fused._GatedDownFn, _SwigluUpFn)
+    # eager: the ops' autograd.Function twins (_fused_ops._GatedDownFn, _SwigluUpFn)
     down = [n for n in nodes if "gateddown" in n.name().lower().replace("_", "")]
     up = [n for n in nodes if "swigluup" in n.name().lower().replace("_", "")]
     assert len(down) == 1 and len(up) == 1 and down[0] is out.grad_fn
@@ -613,7 +613,7 @@ def test_dgated_composition_against_its_formula():
     """The backward's composed "dgated" parts against the formulas written out: p = dy
     w_out[g]^T, dpre = [s p u sig (1 + g (1 - sig)) | s p g sig], act_s = s silu(g) u,
     row_grad = sum_f p silu(g) u; rows past offs[-1] zero."""
-    from groupmm.fused import _dgated
+    from groupmm._fused_ops import _dgated
 
     gen = torch.Generator().manual_seed(11)
     offs = torch.tensor([3, 3, 7], dtype=torch.int32)
