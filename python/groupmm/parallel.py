@@ -33,7 +33,8 @@ The backward runs the exchanges in reverse (no host sync: the split sizes are ke
 no atomics (each token's rows are summed through a ``[T, W]`` slot index; each router
 weight's gradient comes from the one row that carried it). Expert weight gradients are
 local to their rank; the router (replicated) gets a per-rank partial gradient that DDP or
-FSDP reduces as for any replicated parameter.
+FSDP reduces as for any replicated parameter. The plans, the exchanges and the autograd
+functions that send and return the rows: ``groupmm._exchange``.
 
 The unfused path (:class:`groupmm.moe.MoELayer` with ``fused=False``: any activation,
 biases, padding) sends one row per expert copy instead (:func:`plan`,
@@ -42,278 +43,34 @@ biases, padding) sends one row per expert copy instead (:func:`plan`,
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, NamedTuple, Optional, Tuple, cast
+from typing import Any, Optional, Tuple, cast
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from . import _checks as check
-from . import _rows
-from ._glue import Combine, Routes, dispatch, routes, take_rows
+
+# Plan, plan and dispatch_combine (the unfused path), TokenPlan, LocalExperts: names of
+# groupmm.parallel too (moe and benches/bench_ep.py read them here)
+from ._exchange import (  # noqa: F401
+    LocalExperts,
+    Plan,
+    TokenPlan,
+    _exchange_rows,
+    _Return,
+    _Send,
+    dispatch_combine,
+    exchange,
+    plan,
+    plan_tokens,
+)
+from ._glue import routes
 from .fused import _block, _check_expert_count, _check_experts, _int32
 
 __all__ = ["expert_compute", "expert_parallel_block", "exchange"]
 
 
-# --------------------------------------------------------------------------- the exchange
-
-
-def _exchange_rows(
-    x: Tensor, out_splits: List[int], in_splits: List[int], group: Any, spare: bool
-) -> Tensor:
-    """``all_to_all_single`` into a fresh buffer, with one zero row after the received
-    ones when ``spare`` (the row that the slots of absent pairs name)."""
-    rows = sum(out_splits)
-    out = x.new_empty((rows + int(spare), *x.shape[1:]))
-    if spare:
-        out[rows:].zero_()
-    dist.all_to_all_single(out[:rows], x.contiguous(), out_splits, in_splits, group=group)
-    return out
-
-
-class _Exchange(torch.autograd.Function):
-    """``all_to_all_single`` with uneven splits along dim 0; backward: the reverse
-    exchange (each received row's gradient goes back to the rank that sent the row).
-
-    Once differentiable: a double backward raises instead of silently leaving out the
-    exchanges' second-order terms (the reverse exchange is a collective outside autograd).
-    An exchange recorded in the backward would not do either: a rank whose part of the
-    first backward has no graph (no tokens: gradients made as fresh zeros) records fewer
-    exchanges than the others, and the second backward waits forever."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, out_splits: List[int], in_splits: List[int], group: Any):
-        ctx.splits = (out_splits, in_splits)
-        ctx.group = group
-        return _exchange_rows(x, out_splits, in_splits, group, False)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx: Any, grad: Tensor):
-        out_splits, in_splits = ctx.splits
-        return _exchange_rows(grad, in_splits, out_splits, ctx.group, False), None, None, None
-
-
-def exchange(
-    x: Tensor, out_splits: List[int], in_splits: List[int], group: Optional[Any] = None
-) -> Tensor:
-    """Differentiable ``all_to_all_single`` of ``x``'s rows: ``in_splits[r]`` rows go to
-    rank ``r``, ``out_splits[r]`` rows come from it; the backward sends the gradient back
-    the same way."""
-    return _Exchange.apply(x, list(out_splits), list(in_splits), group)
-
-
-# --------------------------------------------------------------------------- the plan
-
-
-class Plan(NamedTuple):
-    """One rank's side of a dispatch (:func:`plan`)."""
-
-    routes: Routes
-    """The local copies in global-expert order (``offs``, ``src``, ``inverse``)."""
-    in_splits: List[int]
-    """Rows this rank sends to each rank."""
-    out_splits: List[int]
-    """Rows this rank receives from each rank."""
-    local_ids: Tensor
-    """int64 ``[R_recv, 1]`` local expert of each received row (received rows come by
-    source rank, then local expert): ``routes(local_ids, E / W)`` orders them."""
-
-
-def plan(expert_ids: Tensor, num_local: int, group: Optional[Any] = None) -> Plan:
-    """Route ``expert_ids [T, k]`` (global ids in ``[0, W * num_local)``) over the ranks of
-    ``group``: the local routing, one exchange of per-expert counts, and the one host sync
-    for the split sizes (collective: every rank of ``group`` calls it). Raises
-    ``ValueError`` on every rank when any rank's ids are out of range."""
-    world = dist.get_world_size(group)
-    experts = world * num_local
-    bad = ((expert_ids < 0) | (expert_ids >= experts)).any()
-    # out-of-range ids are clamped so that every rank reaches the exchange below (a rank
-    # raising alone would leave the others waiting in it); all of them raise after it
-    r = routes(expert_ids.clamp(0, experts - 1), experts, counts=True)
-    counts = cast(Tensor, r.counts).view(world, num_local)  # counts=True: never None
-    meta = torch.cat([counts, bad.to(counts.dtype).expand(world, 1)], dim=1)
-    recv = torch.empty_like(meta)
-    dist.all_to_all_single(recv, meta, group=group)
-    # the host sync: all_to_all_single takes its split sizes as Python ints
-    sizes = torch.cat([counts.sum(1), recv[:, :num_local].sum(1), recv[:, num_local]])
-    host = sizes.tolist()
-    in_splits, out_splits, flags = host[:world], host[world : 2 * world], host[2 * world :]
-    _raise_on_bad_ids(flags, world, num_local)
-    received = sum(out_splits)
-    labels = torch.arange(num_local, device=recv.device).repeat(world)
-    local_ids = torch.repeat_interleave(
-        labels, recv[:, :num_local].reshape(-1), output_size=received
-    )
-    return Plan(r, in_splits, out_splits, local_ids.view(received, 1))
-
-
-def _raise_on_bad_ids(flags: List[int], world: int, num_local: int) -> None:
-    """The error every rank raises, after the exchange, when any rank's expert ids were
-    out of range (``flags``: one per rank)."""
-    if any(flags):
-        ranks = [i for i, f in enumerate(flags) if f]
-        raise ValueError(
-            f"expert_ids: expected expert ids in [0, {world * num_local}) (E = world size "
-            f"{world} x {num_local} local experts), found ids out of range on rank(s) {ranks}"
-        )
-
-
-LocalExperts = Callable[[Tensor, Plan], Tensor]
-"""``(received rows [R_recv, D], plan) -> [R_recv, D]``: the local experts on the
-received rows, output in received order."""
-
-
-def dispatch_combine(
-    x: Tensor,
-    expert_ids: Tensor,
-    weights: Optional[Tensor],
-    num_local: int,
-    experts: LocalExperts,
-    group: Optional[Any] = None,
-) -> Tensor:
-    """The EP step around any local expert computation ``experts`` (module docstring):
-    plan, send ``x``'s copies, run ``experts`` on the received rows, send the results back
-    and combine them with ``weights`` (``[T, k]``; None sums). Differentiable in ``x``,
-    ``weights`` and whatever ``experts`` closes over."""
-    p = plan(expert_ids, num_local, group)
-    send = dispatch(x, p.routes)  # [T*k, D] in global-expert (= destination) order
-    received = exchange(send, p.out_splits, p.in_splits, group)
-    del send
-    y = experts(received, p)
-    back = exchange(y, p.in_splits, p.out_splits, group)
-    return Combine.apply(back, p.routes.inverse, weights)
-
-
 # --------------------------------------------------------------------------- one copy per rank
-
-
-class TokenPlan(NamedTuple):
-    """One rank's side of a dispatch that sends each token once to each rank holding any
-    of its experts (:func:`plan_tokens`); the ``N`` rows sent go in destination-rank
-    order, then token order."""
-
-    send_tokens: Tensor
-    """int32 ``[N]`` token of each row sent."""
-    slots: Tensor
-    """int32 ``[T, W]`` row sent of token ``t`` to rank ``w``, or ``N`` (a spare zero
-    row) when ``t`` has no expert there."""
-    rank_of: Tensor
-    """int64 ``[T, k]`` rank of each chosen expert."""
-    per_rank: Tensor
-    """int64 ``[W]`` rows sent to each rank (``in_splits`` on the device)."""
-    in_splits: List[int]
-    """Rows this rank sends to each rank."""
-    out_splits: List[int]
-    """Rows this rank receives from each rank."""
-    copies: int
-    """Expert copies among the received rows (the sum of their local experts)."""
-
-
-def plan_tokens(expert_ids: Tensor, num_local: int, group: Optional[Any] = None) -> TokenPlan:
-    """:func:`plan` for one copy of each token per destination rank (collective; the one
-    host sync: the split sizes, the received copies and every rank's out-of-range flag)."""
-    world = dist.get_world_size(group)
-    experts = world * num_local
-    tokens = expert_ids.shape[0]
-    device = expert_ids.device
-    bad = ((expert_ids < 0) | (expert_ids >= experts)).any()
-    rank_of = torch.div(expert_ids.clamp(0, experts - 1), num_local, rounding_mode="floor")
-    needed = torch.zeros(tokens, world, dtype=torch.bool, device=device)
-    needed.scatter_(1, rank_of, True)
-    per_rank = needed.sum(0)  # tokens sent to each rank
-    flat = rank_of.reshape(-1)
-    copies = torch.zeros(world, dtype=per_rank.dtype, device=device)
-    copies.scatter_add_(0, flat, torch.ones_like(flat))
-    meta = torch.stack([per_rank, copies, bad.to(per_rank.dtype).expand(world)], dim=1)
-    recv = torch.empty_like(meta)
-    dist.all_to_all_single(recv, meta, group=group)
-    # the rows' places, queued before the host waits: by rank, then by token (the scan
-    # along the last dimension of [W, T]: torch's scan along dim 0 of a [T, W] tensor
-    # took 2.6 ms for T = 16384, W = 4 on an H100)
-    starts = torch.cumsum(per_rank, 0) - per_rank
-    by_rank = needed.t().contiguous()
-    places = (torch.cumsum(by_rank, 1) - 1 + starts.unsqueeze(1)).t()  # [T, W]
-    # the host sync: all_to_all_single takes its split sizes as Python ints
-    host = torch.cat([per_rank, recv.reshape(-1)]).tolist()
-    in_splits = host[:world]
-    out_splits = host[world::3]
-    received_copies, flags = host[world + 1 :: 3], host[world + 2 :: 3]
-    _raise_on_bad_ids(flags, world, num_local)
-    sent = sum(in_splits)
-    slots = torch.where(needed, places, sent).to(torch.int32).contiguous()
-    token_ids = torch.arange(tokens, device=device, dtype=torch.int32)
-    send_tokens = torch.empty(sent + 1, device=device, dtype=torch.int32)
-    # every (t, w) pair writes its row; the pairs with no row all write the spare row N
-    send_tokens.scatter_(0, slots.reshape(-1).long(), token_ids.repeat_interleave(world))
-    copies_in = sum(received_copies)
-    return TokenPlan(send_tokens[:sent], slots, rank_of, per_rank, in_splits, out_splits, copies_in)
-
-
-class _Send(torch.autograd.Function):
-    """The dispatch of :func:`expert_parallel_block`: each token's row, and its router
-    weights of the receiving rank's experts (0 for the others), to each rank that holds
-    any of its experts. Backward: the reverse exchanges, then each token's rows summed
-    and each weight's gradient taken from the one row that carried it (no atomics)."""
-
-    @staticmethod
-    def forward(
-        ctx: Any, x: Tensor, weights: Optional[Tensor], p: TokenPlan, local: Tensor, group: Any
-    ):
-        ctx.plan, ctx.group = p, group
-        ctx.weighted = weights is not None
-        sent = take_rows(x, p.send_tokens)
-        rows = _exchange_rows(sent, p.out_splits, p.in_splits, group, False)
-        del sent
-        if weights is None:
-            return rows, None
-        w = weights.index_select(0, p.send_tokens)
-        w = torch.where(local, w, w.new_zeros(()))
-        return rows, _exchange_rows(w, p.out_splits, p.in_splits, group, False)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx: Any, d_rows: Tensor, d_weights: Optional[Tensor]):
-        p, group = ctx.plan, ctx.group
-        back = _exchange_rows(d_rows, p.in_splits, p.out_splits, group, True)
-        dx = _rows.gather_sum(back, p.slots, None)
-        del back
-        dw = None
-        if ctx.weighted:
-            if d_weights is None:
-                d_weights = d_rows.new_zeros(d_rows.shape[0], p.rank_of.shape[1])
-            back_w = _exchange_rows(d_weights, p.in_splits, p.out_splits, group, True)
-            # weight (t, j) rode on the row sent to rank_of[t, j]: column j of that row
-            row = p.slots.long().gather(1, p.rank_of)
-            dw = back_w.gather(0, row).gather(1, _columns(row))
-        return dx, dw, None, None, None
-
-
-def _columns(row: Tensor) -> Tensor:
-    """``[T, k]`` with ``[t, j] = j``: each row's column indices."""
-    return torch.arange(row.shape[1], device=row.device).expand_as(row)
-
-
-class _Return(torch.autograd.Function):
-    """The combine of :func:`expert_parallel_block`: each received token's result back to
-    its rank, where each token's results (one per rank that held any of its experts,
-    weighted there) are summed. Backward: each token's gradient copied to its rows (a row
-    gather), then the reverse exchange."""
-
-    @staticmethod
-    def forward(ctx: Any, y: Tensor, p: TokenPlan, group: Any):
-        ctx.plan, ctx.group = p, group
-        back = _exchange_rows(y, p.in_splits, p.out_splits, group, True)
-        return _rows.gather_sum(back, p.slots, None)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx: Any, d_out: Tensor):
-        p, group = ctx.plan, ctx.group
-        rows = take_rows(d_out.contiguous(), p.send_tokens)
-        return _exchange_rows(rows, p.out_splits, p.in_splits, group, False), None, None
 
 
 def _local_routes(ids: Tensor, num_local: int, copies: int) -> Tuple[Tensor, Tensor, Tensor]:
