@@ -145,17 +145,20 @@ import groupmm.parallel as gpar
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from bench_moe import CONFIGS, MODELS, rel_diff  # benches/bench_moe.py, same folder
 from groupmm._glue import routes
 from groupmm.fused import expert_block
 from groupmm.moe import MoELayer, RouterOutput
-from timing import (  # benches/timing.py, same folder
+from moe_configs import CONFIGS, MODELS  # benches/moe_configs.py, same folder
+from report import (  # benches/report.py, same folder
     line_buffered_stdout,
     load_docs,
     no_figure_lines,
+    rel_diff,  # benches/report.py, same folder
+    write_outputs,
+)
+from timing import (  # benches/timing.py, same folder
     paired,
     rr_orders,
-    write_outputs,
 )
 
 #: the default configs (--configs), in the order they run (the heaviest last)

@@ -63,18 +63,20 @@ import time
 from typing import NamedTuple
 
 import torch
+from report import (  # benches/report.py, same folder
+    gmean,
+    line_buffered_stdout,
+)
+from report import mark as _mark
+from report import spread_pct as _spread_pct
+from report import write_outputs as timing_write
 from timing import (  # benches/timing.py, same folder
     calls_for,
-    gmean,
     lead_for,
-    line_buffered_stdout,
     paired,
     round_robin,
     rr_settings,
 )
-from timing import mark as _mark
-from timing import spread_pct as _spread_pct
-from timing import write_outputs as timing_write
 
 
 class Spec(NamedTuple):

@@ -90,19 +90,21 @@ import groupmm
 import torch
 from groupmm._glue import routes
 from groupmm._rows import gather_sum, scatter_rows
-from timing import (  # benches/timing.py, same folder
-    calls_for,
+from report import (  # benches/report.py, same folder
     gmean,
-    lead_for,
     line_buffered_stdout,
     load_docs,
     no_figure_lines,
+)
+from report import spread_pct as _spread_pct
+from report import write_outputs as timing_write
+from timing import (  # benches/timing.py, same folder
+    calls_for,
+    lead_for,
     paired,
     round_robin,
     rr_settings,
 )
-from timing import spread_pct as _spread_pct
-from timing import write_outputs as timing_write
 
 # ----------------------------------------------------------------------------------------
 # the plan

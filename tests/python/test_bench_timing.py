@@ -17,6 +17,7 @@ import torch
 from conftest import WallClockEvent, load_bench
 
 timing = load_bench("timing")
+report = load_bench("report")
 bench = load_bench("bench_gpu")
 
 
@@ -543,18 +544,18 @@ def test_main_writes_json_md_png_and_honours_the_budget(monkeypatch, tmp_path, c
 
 
 def test_load_docs_reads_a_comma_list_and_upgrades_each(tmp_path):
-    """--from-json's reader (timing.load_docs): every file of the comma list, in order,
+    """--from-json's reader (report.load_docs): every file of the comma list, in order,
     each through the upgrade function when one is given."""
     paths = []
     for i in range(3):
         path = tmp_path / f"r{i}.json"
         path.write_text(json.dumps({"rows": [i]}))
         paths.append(str(path))
-    assert timing.load_docs(",".join(paths)) == [{"rows": [0]}, {"rows": [1]}, {"rows": [2]}]
-    up = timing.load_docs(paths[1], lambda d: {**d, "upgraded": True})
+    assert report.load_docs(",".join(paths)) == [{"rows": [0]}, {"rows": [1]}, {"rows": [2]}]
+    up = report.load_docs(paths[1], lambda d: {**d, "upgraded": True})
     assert up == [{"rows": [1], "upgraded": True}]
     with pytest.raises(FileNotFoundError):
-        timing.load_docs(str(tmp_path / "missing.json"))
+        report.load_docs(str(tmp_path / "missing.json"))
 
 
 def test_rr_settings_takes_the_round_robin_arguments_a_command_line_has():
