@@ -322,18 +322,40 @@ def rr_settings(args) -> dict:
 
 
 def add_rr_args(
-    p, rounds, sample_ms, min_calls, max_calls, warmup=2, unit="calls", reps=False, graph=False
+    p,
+    rounds,
+    sample_ms,
+    min_calls,
+    max_calls,
+    warmup=2,
+    unit="calls",
+    reps=False,
+    graph=False,
+    notes=None,
 ):
     """The flags of ``RR_ARGS`` on the parser ``p`` with these defaults (``unit``: what a
-    sample repeats, "calls" or "steps"), ``--reps`` (the old name of ``--calls``) with
+    sample repeats, "calls" or "steps"; ``notes``: flag -> words added to its help, e.g.
+    defaults that depend on another flag), ``--reps`` (the old name of ``--calls``) with
     ``reps``, ``--graph`` with ``graph``."""
-    p.add_argument("--rounds", type=int, default=rounds, help="round-robin rounds per row")
-    p.add_argument("--sample-ms", type=float, default=sample_ms, help="target GPU ms of a sample")
+    notes = notes or {}
+
+    def h(key, text=""):
+        return " ".join(t for t in (text, notes.get(key)) if t) or None
+
+    p.add_argument(
+        "--rounds", type=int, default=rounds, help=h("rounds", "round-robin rounds per row")
+    )
+    p.add_argument(
+        "--sample-ms",
+        type=float,
+        default=sample_ms,
+        help=h("sample_ms", "target GPU ms of a sample"),
+    )
     p.add_argument("--calls", type=int, help=f"fixed back-to-back {unit} per sample")
     if reps:
         p.add_argument("--reps", type=int, help="old name of --calls")
     p.add_argument("--min-calls", type=int, default=min_calls)
-    p.add_argument("--max-calls", type=int, default=max_calls)
+    p.add_argument("--max-calls", type=int, default=max_calls, help=h("max_calls"))
     p.add_argument("--warmup", type=int, default=warmup, help=f"{unit} before timing, per row")
     if graph:
         p.add_argument("--graph", action="store_true", help="each sample one CUDA graph replay")
