@@ -141,6 +141,11 @@ import time
 import groupmm
 import torch
 import torch.distributed as dist
+from cli import (  # benches/cli.py, same folder
+    comma_list,
+    line_buffered_stdout,
+    parser,
+)
 from ep_report import IMPLS, describe, format_line, merge_docs, render_md
 from ep_run import ROUTINGS, TT_IMPLS, ZIPF_S, agree, run_row  # benches/ep_run.py, same folder
 from ep_split import Clock, Split, install_split  # benches/ep_split.py, same folder
@@ -149,8 +154,6 @@ from peer_torchtitan import load_torchtitan, torchtitan_version
 from report import (  # benches/report.py, same folder
     error_text,
     from_json,
-    line_buffered_stdout,
-    parser,
     started,
     write_outputs,
 )
@@ -206,9 +209,7 @@ def parse_args(argv=None):
 def select_configs(arg: str) -> dict:
     table = {**CONFIGS, **TINY}
     out = {}
-    for name in (t.strip() for t in arg.split(",")):
-        if not name:
-            continue
+    for name in comma_list(arg):
         if name not in table:
             raise SystemExit(f"unknown config {name!r}; known: {', '.join(table)}")
         out[name] = table[name]

@@ -63,6 +63,15 @@ import time
 
 import gpu_shapes as shapes  # benches/gpu_shapes.py, same folder
 import torch
+from cli import (  # benches/cli.py, same folder
+    add_output_args,
+    add_rr_args,
+    budget_spent,
+    check_lists,
+    line_buffered_stdout,
+    no_cuda,
+    parser,
+)
 from gpu_report import (  # benches/gpu_report.py, same folder
     class_summary,
     describe_env,
@@ -76,19 +85,13 @@ from gpu_run import ceilings, host_cost, run_shape  # benches/gpu_run.py, same f
 from peer_quack import load_quack, quack_host_cost  # benches/peer_quack.py, same folder
 from peer_torch import grouped_mm  # benches/peer_torch.py, same folder
 from report import (  # benches/report.py, same folder
-    add_output_args,
-    budget_spent,
-    check_lists,
     from_json,
-    line_buffered_stdout,
-    no_cuda,
     one_file,
-    parser,
+    record,
     run_doc,
     write_png,
 )
 from report import write_outputs as report_write
-from timing import add_rr_args  # benches/timing.py, same folder
 
 #: where the rows run (the CPU tests point it at the CPU)
 DEV = "cuda"
@@ -266,10 +269,7 @@ def main(argv=None):
             doc["host_us"]["quack fwd (default config)"] = quack_host_cost(Q)
         except Exception as e:  # noqa: BLE001 - reported, not fatal
             print(f"quack host cost: {type(e).__name__}: {str(e)[:80]}")
-    doc["complete"] = True
-    doc["elapsed_s"] = time.perf_counter() - t_start
-    doc["summary"] = class_summary(doc["rows"])
-    write_outputs(doc, args)
+    record(doc, t_start, class_summary, lambda d: write_outputs(d, args))
     print_table(doc)
     print("host µs per small call: " + ", ".join(f"{k} {v:.1f}" for k, v in doc["host_us"].items()))
     print(f"wall {doc['elapsed_s']:.0f} s")

@@ -96,6 +96,16 @@ import time
 
 import groupmm
 import torch
+from cli import (  # benches/cli.py, same folder
+    add_output_args,
+    add_rr_args,
+    budget_spent,
+    check_lists,
+    check_rr_args,
+    line_buffered_stdout,
+    no_cuda,
+    parser,
+)
 from groupmm.moe import MoELayer
 from moe_configs import CONFIGS, MODELS, PASSES, ROUTINGS, TINY, select_configs
 from moe_layers import run_row  # benches/moe_layers.py, same folder
@@ -113,18 +123,13 @@ from moe_report import (  # benches/moe_report.py, same folder
 )
 from peer_sonicmoe import load_sonic, peer_versions, sonic_weights
 from report import (  # benches/report.py, same folder
-    add_output_args,
-    budget_spent,
-    check_lists,
     from_json,
-    line_buffered_stdout,
-    no_cuda,
-    parser,
+    record,
     run_doc,
     write_png,
 )
 from report import write_outputs as report_write
-from timing import add_rr_args, calls_for, check_rr_args, lead_for, rr_settings
+from timing import calls_for, lead_for, rr_settings
 
 #: where the rows run (the CPU tests point it at the CPU)
 DEV = "cuda"
@@ -320,18 +325,12 @@ def main(argv=None) -> int:
                 if dev.type == "cuda":
                     torch.cuda.empty_cache()
             done += 1
-            doc["rows"].append(row)
-            doc["elapsed_s"] = time.perf_counter() - t_start
-            doc["summary"] = summarize(doc["rows"])
-            write_outputs(doc, args)  # after every row: a run cut short keeps what ran
+            record(doc, t_start, summarize, lambda d: write_outputs(d, args), row)
             print(f"[{done:3}/{n_rows} {doc['elapsed_s']:5.0f}s] " + format_row(row))
             for who, err in row["errors"].items():
                 print(f"      {who}: {err}")
         del layer, sonic_w
-    doc["complete"] = True
-    doc["elapsed_s"] = time.perf_counter() - t_start
-    doc["summary"] = summarize(doc["rows"])
-    write_outputs(doc, args)
+    record(doc, t_start, summarize, lambda d: write_outputs(d, args))
     print_table(doc)
     print(f"wall {doc['elapsed_s']:.0f} s")
     write_png(render_png, doc, args.png)

@@ -88,15 +88,21 @@ import time
 
 import groupmm
 import torch
-from report import (  # benches/report.py, same folder
+from cli import (  # benches/cli.py, same folder
     add_output_args,
+    add_rr_args,
     budget_spent,
-    error_text,
-    fmt,
-    from_json,
+    check_rr_args,
+    comma_list,
     line_buffered_stdout,
     no_cuda,
     parser,
+)
+from report import (  # benches/report.py, same folder
+    error_text,
+    fmt,
+    from_json,
+    record,
     run_doc,
 )
 from report import write_outputs as report_write
@@ -119,7 +125,7 @@ from rows_report import (  # benches/rows_report.py, same folder
     render_md,
     summarize,
 )
-from timing import add_rr_args, calls_for, check_rr_args, lead_for, round_robin, rr_settings
+from timing import calls_for, lead_for, round_robin, rr_settings
 
 #: where the rows run (the CPU tests point it at the CPU)
 DEV = "cuda"
@@ -207,7 +213,7 @@ def _l2_bytes():
 
 
 def _ints(s):
-    return [int(v) for v in s.split(",") if v.strip()] if s else None
+    return [int(v) for v in comma_list(s)] if s else None
 
 
 def parse_args(argv=None):
@@ -228,8 +234,7 @@ def parse_args(argv=None):
     add_output_args(p)
     args = p.parse_args(argv)
     check_rr_args(p, args)
-    args.ops = [v.strip() for v in args.ops.split(",") if v.strip()]
-    args.dtypes = [v.strip() for v in args.dtypes.split(",") if v.strip()]
+    args.ops, args.dtypes = comma_list(args.ops), comma_list(args.dtypes)
     for lst, ok in ((args.ops, OPS), (args.dtypes, DTYPES)):
         bad = [v for v in lst if v not in ok]
         if bad or not lst:
@@ -324,10 +329,7 @@ def main(argv=None) -> int:
             doc["skipped"].append({"row": label(r), "why": f"out of memory: {str(e)[:80]}"})
             print(f"skip {label(r)}: out of memory")
             continue
-        doc["rows"].append(row)
-        doc["elapsed_s"] = time.perf_counter() - t_start
-        doc["summary"] = summarize(doc["rows"])
-        write_outputs(doc, args)  # after every row: a run cut short keeps what ran
+        record(doc, t_start, summarize, lambda d: write_outputs(d, args), row)
         print(f"[{i + 1:3}/{len(plan)} {doc['elapsed_s']:5.0f}s] " + format_row(row, doc))
         if row["ok"] is False:
             msg = (
@@ -338,10 +340,7 @@ def main(argv=None) -> int:
             print(msg, file=sys.stderr)
         for who, err in row["errors"].items():
             print(f"      {who}: {err}")
-    doc["complete"] = True
-    doc["elapsed_s"] = time.perf_counter() - t_start
-    doc["summary"] = summarize(doc["rows"])
-    write_outputs(doc, args)
+    record(doc, t_start, summarize, lambda d: write_outputs(d, args))
     print_table(doc)
     print(f"wall {doc['elapsed_s']:.0f} s")
     return 0

@@ -205,6 +205,5 @@ def merge_docs(docs: list) -> dict:
     if len(docs) == 1:
         return docs[0]
     out = merge_runs(docs)
-    out["rows"] = [r for d in docs for r in d.get("rows", [])]
     out["world"] = ",".join(str(d.get("world")) for d in docs)
     return out

@@ -15,9 +15,11 @@ from report import (  # benches/report.py, same folder
     build_info_text,
     commands,
     fmt,
-    gmean,
     mark,
     md_head,
+    min_stats,
+    pyplot,
+    save_png,
     spread_pct,
     timed_errors,
     timed_fields,
@@ -121,13 +123,7 @@ def class_summary(rows) -> list:
         for key in ("vs_quack", "vs_torch", "roofline"):
             vals = [(ratio(r, key), r) for r in rs if ratio(r, key)]
             if vals:
-                lo = min(vals, key=lambda p: p[0])
-                ent["stats"][key] = {
-                    "n": len(vals),
-                    "geomean": gmean([v for v, _ in vals]),
-                    "min": lo[0],
-                    "min_row": label(lo[1]),
-                }
+                ent["stats"][key] = min_stats(vals, label)
         for key, lab, thr, how in TARGETS.get(c, []):
             st = ent["stats"].get(key)
             val = None if st is None else st[how]
@@ -296,12 +292,8 @@ def render_md(doc: dict) -> str:
 def render_png(doc: dict, path: str) -> bool:
     """TFLOP/s per row (bars with min-max whiskers) over the ratios per row; False when
     matplotlib is missing."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     rows = doc.get("rows", [])
     if not rows:
@@ -360,10 +352,7 @@ def render_png(doc: dict, path: str) -> bool:
         rotation=90,
         fontsize=6,
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return True
+    return save_png(plt, fig, path)
 
 
 def print_table(doc):

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+from cli import comma_list  # benches/cli.py, same folder
 from peer_quack import QUACK_CONFIGS  # benches/peer_quack.py, same folder
 from timing import calls_for, lead_for  # benches/timing.py, same folder
 
@@ -119,9 +120,7 @@ def select_shapes(arg: str) -> list:
     """Shape names from a comma list of names and groups (all, legacy, fine, larger,
     decode), in SPECS order, each once."""
     want = set()
-    for tok in (t.strip() for t in arg.split(",")):
-        if not tok:
-            continue
+    for tok in comma_list(arg):
         if tok == "all":
             want.update(SPECS)
         elif tok == "legacy":

@@ -13,6 +13,7 @@ runs), ``all`` (every distinct config once); ``TINY`` for smoke runs.
 from __future__ import annotations
 
 import torch
+from cli import comma_list  # benches/cli.py, same folder
 
 #: name -> (d_model, d_ff, experts, top_k); profile_moe.py and bench_ep.py unpack these four
 CONFIGS = {
@@ -77,9 +78,7 @@ PASSES = ("fwd+bwd", "fwd")
 def select_configs(arg: str) -> list:
     """Config names from a comma list of names and groups, in CONFIGS order, each once."""
     want = set()
-    for tok in (t.strip() for t in arg.split(",")):
-        if not tok:
-            continue
+    for tok in comma_list(arg):
         if tok in GROUPS:
             want.update(GROUPS[tok])
         elif tok in CONFIGS:

@@ -84,6 +84,20 @@ def torch_gmm_forward(layer: MoELayer, x, ids=None):
         return moe_forward(layer, x, ids)
 
 
+def row_inputs(T: int, d: int, E: int, k: int, kind: str, dev, dtype) -> tuple:
+    """``(ids, x, gy)`` of a row: the fixed expert ids (None for the layer's router), the
+    input x (a leaf) and the output gradient, each from its own seed so that every
+    implementation, bench_moe.py's timing and profile_moe.py's profile see the same."""
+    ids = None
+    if kind != "router":
+        gen = torch.Generator().manual_seed(T + E)
+        ids = routing(T, E, k, kind, gen).to(dev)
+    torch.manual_seed(T)
+    x = torch.randn(T, d, device=dev, dtype=dtype).requires_grad_()
+    gy = torch.randn(T, d, device=dev, dtype=dtype)
+    return ids, x, gy
+
+
 def build_impls(layer: MoELayer, ids, k: int, S=None, sonic_w=None, why_no_sonic=None):
     """``(forwards, leaves, errors)``: implementation -> ``fn(x)``, -> the leaf tensors
     whose gradients a step resets (x excluded), -> why it does not run here."""
@@ -139,13 +153,7 @@ def run_row(plan_row, layer, S, sonic_w, why_no_sonic, args, dev, dtype) -> dict
     T, E, k, d = plan_row["T"], plan_row["experts"], plan_row["top_k"], plan_row["d_model"]
     backward = plan_row["pass"] == "fwd+bwd"
     cuda = torch.cuda.is_available()  # memory figures (the CPU tests stand a fake in)
-    ids = None
-    if plan_row["routing"] != "router":
-        gen = torch.Generator().manual_seed(T + E)
-        ids = routing(T, E, k, plan_row["routing"], gen).to(dev)
-    torch.manual_seed(T)
-    x = torch.randn(T, d, device=dev, dtype=dtype).requires_grad_()
-    gy = torch.randn(T, d, device=dev, dtype=dtype)
+    ids, x, gy = row_inputs(T, d, E, k, plan_row["routing"], dev, dtype)
     fwd, leaves, errors = build_impls(layer, ids, k, S, sonic_w, why_no_sonic)
     everything = [x] + [t for ls in leaves.values() for t in ls]
 

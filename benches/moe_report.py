@@ -16,14 +16,16 @@ from report import (  # benches/report.py, same folder
     commands,
     differ,
     fmt,
-    gmean,
     mark,
     md_head,
     merge_runs,
+    min_stats,
     no_figure_lines,
-    spread_pct,
+    pyplot,
+    save_png,
     timed_errors,
     timed_fields,
+    with_spread,
 )
 from timing import paired  # benches/timing.py, same folder
 
@@ -84,14 +86,7 @@ def summarize(rows) -> dict:
     for k in ("sonicmoe", "torch-gmm", "plain", "groupmm"):
         vals = [(r["speed"][k], r) for r in rs if (r.get("speed") or {}).get(k)]
         if vals:
-            lo = min(vals, key=lambda p: p[0])
-            out["speed"][k] = {
-                "n": len(vals),
-                "geomean": gmean([v for v, _ in vals]),
-                "min": lo[0],
-                "min_row": label(lo[1]),
-                "max": max(v for v, _ in vals),
-            }
+            out["speed"][k] = {**min_stats(vals, label), "max": max(v for v, _ in vals)}
         mvals = [(r["mem"][k], r) for r in rs if (r.get("mem") or {}).get(k)]
         if mvals:
             out["mem"][k] = {
@@ -145,8 +140,7 @@ def format_row(row: dict) -> str:
     difference to fused's."""
 
     def cell(k):
-        sp = spread_pct(row, k)
-        return fmt(row["ms"].get(k), ".3f") + (f"±{sp / 2:.1f}%" if sp is not None else "")
+        return with_spread(row, k, row["ms"].get(k), ".3f", sep="")
 
     sp = row.get("speed") or {}
     pk = row.get("peak_bytes") or {}
@@ -222,10 +216,7 @@ def render_md(doc: dict) -> str:
     out += [""] + [ln + "  " for ln in summary_lines(rows)]
 
     def ms_cell(r, k):
-        v, sp = r["ms"].get(k), spread_pct(r, k)
-        if v is None:
-            return "-"
-        return f"{v:.2f}" + (f" ±{sp / 2:.1f}%" if sp is not None else "")
+        return with_spread(r, k, r["ms"].get(k), ".2f")
 
     def ratio_cell(r, k, target=None):
         v = (r.get("speed") or {}).get(k)
@@ -288,12 +279,8 @@ def render_md(doc: dict) -> str:
 def render_png(doc: dict, path: str) -> bool:
     """ms per row and implementation (bars, min-max whiskers) over peak MiB; False when
     matplotlib is missing or there are no rows."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     rows = doc.get("rows", [])
     if not rows:
@@ -327,10 +314,7 @@ def render_png(doc: dict, path: str) -> bool:
     ax2.set_xticklabels(
         [f"{r['config']}\nT={r['T']} {r['routing']}\n{r['pass']}" for r in rows], fontsize=7
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return True
+    return save_png(plt, fig, path)
 
 
 #: what must agree between runs merged into one table
@@ -344,7 +328,6 @@ def merge_docs(docs: list) -> dict:
     if len(docs) == 1:
         return docs[0]
     out = merge_runs(docs)
-    out["rows"] = [r for d in docs for r in d.get("rows", [])]
     done = {label(r) for r in out["rows"]}
     out["skipped"] = [s for d in docs for s in d.get("skipped", []) if s["row"] not in done]
     out["merged_differ"] = differ(docs, out, ENV_KEYS)

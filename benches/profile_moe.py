@@ -66,10 +66,11 @@ import time
 import groupmm
 import peer_sonicmoe as sonic  # benches/peer_sonicmoe.py, same folder
 import torch
+from cli import comma_list, line_buffered_stdout, parser  # benches/cli.py, same folder
 from groupmm.moe import MoELayer
 from moe_bytes import byte_budget, render_bytes_md  # benches/moe_bytes.py, same folder
-from moe_configs import CONFIGS, MODELS, ROUTINGS, routing, select_configs
-from moe_layers import build_impls  # benches/moe_layers.py, same folder
+from moe_configs import CONFIGS, MODELS, ROUTINGS, select_configs
+from moe_layers import build_impls, row_inputs  # benches/moe_layers.py, same folder
 from moe_report import IMPLS  # benches/moe_report.py, same folder
 from profile_report import (  # benches/profile_report.py, same folder
     KERNEL_PATTERNS,
@@ -80,7 +81,7 @@ from profile_report import (  # benches/profile_report.py, same folder
     summary_line,
     summary_lines,
 )
-from report import error_text, from_json, line_buffered_stdout, one_file, parser, started
+from report import error_text, from_json, one_file, started  # benches/report.py, same folder
 
 #: where the rows run (the CPU tests point it at the CPU)
 DEV = "cuda"
@@ -166,15 +167,13 @@ def parse_args(argv=None):
     if not args.config_names:
         p.error("no config selected")
     try:
-        args.token_list = [int(t) for t in args.tokens.split(",") if t.strip()]
+        args.token_list = [int(t) for t in comma_list(args.tokens)]
     except ValueError:
         p.error(f"--tokens takes a comma list of integers, not {args.tokens!r}")
     if not args.token_list or min(args.token_list) < 1:
         p.error("--tokens: at least one T, each at least 1")
     impls = []
-    for name in (s.strip() for s in args.impls.split(",")):
-        if not name:
-            continue
+    for name in comma_list(args.impls):
         if name not in IMPLS:
             p.error(f"unknown implementation {name!r}; choose from {', '.join(IMPLS)}")
         if name not in impls:
@@ -234,13 +233,7 @@ def bytes_only(args, plan) -> int:
 def profile_shape(cname, T, layer, S, sonic_w, why_no_sonic, args, dev, dtype):
     """Profile every requested implementation at one (config, tokens): ``(rows, skipped)``."""
     d, _f_, E, k = CONFIGS[cname]
-    ids = None
-    if args.routing != "router":  # moe_layers.run_row's fixed routing
-        gen = torch.Generator().manual_seed(T + E)
-        ids = routing(T, E, k, args.routing, gen).to(dev)
-    torch.manual_seed(T)
-    x = torch.randn(T, d, device=dev, dtype=dtype).requires_grad_()
-    gy = torch.randn(T, d, device=dev, dtype=dtype)
+    ids, x, gy = row_inputs(T, d, E, k, args.routing, dev, dtype)  # bench_moe.py's
     fwd, leaves, errors = build_impls(layer, ids, k, S, sonic_w, why_no_sonic)
     rows, skipped = [], []
     es = torch.empty((), dtype=dtype).element_size()

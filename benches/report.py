@@ -1,6 +1,6 @@
 """What the benches share besides the timer (benches/timing.py): the result document, its
-JSON and markdown, ``--from-json``, the summary figures, the command-line pieces several
-benches repeat, and the text of a failure.
+JSON and markdown, ``--from-json``, the summary figures and the chart's frame, the text
+of a failure. The command line they share is benches/cli.py's.
 
     from report import write_outputs, ...  # benches/report.py, same folder
 
@@ -16,7 +16,6 @@ a GPU.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import math
@@ -72,72 +71,6 @@ def dist_version(dists, module=None, unknown="unknown (no package metadata)"):
 
 
 # ----------------------------------------------------------------------------------------
-# the command line
-
-
-def line_buffered_stdout() -> None:
-    """Print every line as it comes (a bench's progress reaches a log that a time limit
-    may cut off), where the stream allows it."""
-    try:
-        sys.stdout.reconfigure(line_buffering=True)
-    except AttributeError:
-        pass
-
-
-def parser(doc: str) -> argparse.ArgumentParser:
-    """A bench's argument parser, its module docstring as the description."""
-    return argparse.ArgumentParser(
-        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-
-
-def add_output_args(p, budget: str = "row", png: bool = False, merge: bool = True) -> None:
-    """``--budget-s`` (no new ``budget`` starts once spent), ``--json``, ``--md`` (both
-    rewritten after every row), ``--png`` (with ``png``), ``--dry-run`` and ``--from-json``
-    (a comma list merged into one table with ``merge``, else one file)."""
-    p.add_argument(
-        "--budget-s", type=float, default=0, help=f"start no new {budget} after this many seconds"
-    )
-    p.add_argument("--json", help="results, rewritten after every row")
-    p.add_argument("--md", help="the table in markdown, rewritten after every row")
-    if png:
-        p.add_argument("--png", help="a chart of the run (needs matplotlib)")
-    p.add_argument("--dry-run", action="store_true", help="print the rows and an estimate")
-    if merge:
-        outs = "--md, --png, and --json" if png else "--md, and --json"
-        p.add_argument(
-            "--from-json",
-            help=f"render result files (comma list: merged into one table; {outs} for the "
-            "merged file); no GPU",
-        )
-    else:
-        p.add_argument("--from-json", help="render a result file (table, --md, --png); no GPU")
-
-
-def check_lists(p, *pairs) -> None:
-    """Each ``(comma list, allowed values)``: every value allowed, else ``p.error``."""
-    for lst, ok in pairs:
-        bad = [v for v in lst.split(",") if v not in ok]
-        if bad:
-            p.error(f"unknown {bad}; choose from {', '.join(ok)}")
-
-
-def no_cuda() -> bool:
-    """True, said on stdout, where there is no CUDA device to measure on."""
-    if torch.cuda.is_available():
-        return False
-    print("no CUDA device: nothing to measure (--dry-run or --from-json work on the CPU)")
-    return True
-
-
-def budget_spent(args, t_start: float, spec: str = "g"):
-    """Why no new row starts (``--budget-s`` spent since ``t_start``), or None."""
-    if args.budget_s and time.perf_counter() - t_start > args.budget_s:
-        return f"--budget-s {args.budget_s:{spec}} spent"
-    return None
-
-
-# ----------------------------------------------------------------------------------------
 # the document
 
 
@@ -188,12 +121,13 @@ def load_docs(paths: str, upgrade=None) -> list:
 
 
 def merge_runs(docs: list) -> dict:
-    """Several result documents as one, before the rows: the first one's fields, the
-    command of each run (``runs``), complete only when every run was. The bench sets
-    ``rows`` (and what else its rule merges)."""
+    """Several result documents as one: the first one's fields, the command of each run
+    (``runs``), every run's rows in order, complete only when every run was; the bench's
+    own rule (rows measured twice, skipped rows, ...) goes on from there."""
     out = dict(docs[0])
     out["runs"] = [argv for d in docs for argv in (d.get("runs") or [d.get("argv") or []])]
     out.pop("argv", None)
+    out["rows"] = [r for d in docs for r in d.get("rows", [])]
     out["complete"] = all(d.get("complete", True) for d in docs)
     return out
 
@@ -221,6 +155,40 @@ def from_json(args, merge, show, render_md, upgrade=None) -> dict:
         write_outputs(doc, args.json, None, render_md)
     write_outputs(doc, None, args.md, render_md)
     return doc
+
+
+def record(doc: dict, t_start: float, summarize, write, row=None) -> None:
+    """The document after a row (``row``, appended) or at the end (no row: complete):
+    its elapsed seconds and summary (``summarize(rows)``) updated, then ``write(doc)``, so
+    that a run cut short keeps what ran."""
+    if row is None:
+        doc["complete"] = True
+    else:
+        doc["rows"].append(row)
+    doc["elapsed_s"] = time.perf_counter() - t_start
+    doc["summary"] = summarize(doc["rows"])
+    write(doc)
+
+
+def pyplot():
+    """matplotlib's pyplot drawing to files (the Agg backend), or None where matplotlib is
+    missing (a bench's --png then says there is no chart)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def save_png(plt, fig, path) -> bool:
+    """A chart's figure laid out, written to ``path`` and closed."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
 
 
 def write_png(render_png, doc: dict, path) -> None:
@@ -288,12 +256,34 @@ def gmean(v):
     return math.exp(sum(math.log(x) for x in v) / len(v)) if v else None
 
 
+def min_stats(vals, label) -> dict:
+    """Of ``(value, row)`` pairs (at least one): how many, their geometric mean, the least
+    and the row holding it (``label(row)``)."""
+    lo = min(vals, key=lambda p: p[0])
+    return {
+        "n": len(vals),
+        "geomean": gmean([v for v, _ in vals]),
+        "min": lo[0],
+        "min_row": label(lo[1]),
+    }
+
+
 def spread_pct(row: dict, k: str):
     """The min-max spread of implementation k's samples in a result row, in % of its median."""
     sp, med = (row.get("spread_ms") or {}).get(k), row["ms"].get(k)
     if not sp or not med:
         return None
     return 100.0 * (sp["max"] - sp["min"]) / med
+
+
+def with_spread(row: dict, k: str, v, spec: str, sep: str = " ") -> str:
+    """Implementation k's figure ``v`` of a row as ``spec`` formats it, then (after
+    ``sep``) ± half the min-max spread of its samples over the rounds, in % of the
+    median; "-" for None."""
+    if v is None:
+        return "-"
+    sp = spread_pct(row, k)
+    return format(v, spec) + (f"{sep}±{sp / 2:.1f}%" if sp is not None else "")
 
 
 def no_figure_lines(rows, label, name=lambda k: k) -> list:

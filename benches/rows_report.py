@@ -17,10 +17,11 @@ from report import (  # benches/report.py, same folder
     gmean,
     md_head,
     merge_runs,
+    min_stats,
     no_figure_lines,
-    spread_pct,
     timed_errors,
     timed_fields,
+    with_spread,
 )
 from rows_ops import DTYPES, OPS, key, label  # benches/rows_ops.py, same folder
 from timing import paired  # benches/timing.py, same folder
@@ -71,13 +72,9 @@ def summarize(rows) -> dict:
         vals = [(r["frac_copy"], r) for r in rows if r["op"] == op and r.get("frac_copy")]
         if not vals:
             continue
-        lo = min(vals, key=lambda p: p[0])
         sp = [r["speed_torch"] for r in rows if r["op"] == op and r.get("speed_torch")]
         out["ops"][op] = {
-            "n": len(vals),
-            "min": lo[0],
-            "min_row": label(lo[1]),
-            "geomean": gmean([v for v, _ in vals]),
+            **min_stats(vals, label),
             "max": max(v for v, _ in vals),
             "below": [label(r) for v, r in vals if v < FLAG],
             "speed_torch_geomean": gmean(sp),
@@ -121,8 +118,7 @@ def format_row(row: dict, doc=None) -> str:
     check."""
 
     def cell(k):
-        sp = spread_pct(row, k)
-        return fmt(row["gbps"].get(k), ".0f") + (f"±{sp / 2:.1f}%" if sp is not None else "")
+        return with_spread(row, k, row["gbps"].get(k), ".0f", sep="")
 
     f = row.get("frac_copy")
     ok = {True: "ok", False: "MISMATCH", None: "not checked"}[row.get("ok")]
@@ -184,10 +180,7 @@ def table_lines(doc: dict) -> list:
     groupmm / copy in bold below FLAG; bytes marked † where they fit in L2)."""
 
     def gb(r, k):
-        v, sp = (r.get("gbps") or {}).get(k), spread_pct(r, k)
-        if v is None:
-            return "-"
-        return f"{v:.0f}" + (f" ±{sp / 2:.1f}%" if sp is not None else "")
+        return with_spread(r, k, (r.get("gbps") or {}).get(k), ".0f")
 
     def ratio(r, name):
         v = r.get(name)

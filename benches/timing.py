@@ -27,8 +27,8 @@ moment is fastest; ``../shared/PEERS.md``, "Timing on these GPUs"):
   rounds, and the per-round samples, so ratios can also be taken round by round
   (``paired``): two implementations of one round ran seconds apart at most.
 
-``rr_settings(args)``, ``add_rr_args``, ``check_rr_args``: the timer's flags on a bench's
-command line (the rest a bench shares, results and their files: benches/report.py).
+``rr_settings(args)``: round_robin's settings from a bench's command line (the flags
+themselves, results and their files: benches/report.py).
 
 The pure parts (``rr_orders``, ``spread``, ``paired``, ``calls_for``, ``lead_for``) take and
 return plain numbers and are unit-tested on the CPU (tests/python/test_bench_timing.py).
@@ -308,7 +308,7 @@ def round_robin(
 
 
 # --------------------------------------------------------------------------- arguments
-# The timer's flags, as the benches that time with round_robin take them.
+# round_robin's settings from a command line (its flags: report.add_rr_args).
 
 
 #: the keyword arguments of :func:`round_robin` a bench's command line sets
@@ -319,55 +319,6 @@ def rr_settings(args) -> dict:
     """:func:`round_robin`'s keyword arguments from a bench's parsed command line: those of
     ``RR_ARGS`` that ``args`` has (also what the bench records as its timer)."""
     return {k: getattr(args, k) for k in RR_ARGS if hasattr(args, k)}
-
-
-def add_rr_args(
-    p,
-    rounds,
-    sample_ms,
-    min_calls,
-    max_calls,
-    warmup=2,
-    unit="calls",
-    reps=False,
-    graph=False,
-    notes=None,
-):
-    """The flags of ``RR_ARGS`` on the parser ``p`` with these defaults (``unit``: what a
-    sample repeats, "calls" or "steps"; ``notes``: flag -> words added to its help, e.g.
-    defaults that depend on another flag), ``--reps`` (the old name of ``--calls``) with
-    ``reps``, ``--graph`` with ``graph``."""
-    notes = notes or {}
-
-    def h(key, text=""):
-        return " ".join(t for t in (text, notes.get(key)) if t) or None
-
-    p.add_argument(
-        "--rounds", type=int, default=rounds, help=h("rounds", "round-robin rounds per row")
-    )
-    p.add_argument(
-        "--sample-ms",
-        type=float,
-        default=sample_ms,
-        help=h("sample_ms", "target GPU ms of a sample"),
-    )
-    p.add_argument("--calls", type=int, help=f"fixed back-to-back {unit} per sample")
-    if reps:
-        p.add_argument("--reps", type=int, help="old name of --calls")
-    p.add_argument("--min-calls", type=int, default=min_calls)
-    p.add_argument("--max-calls", type=int, default=max_calls, help=h("max_calls"))
-    p.add_argument("--warmup", type=int, default=warmup, help=f"{unit} before timing, per row")
-    if graph:
-        p.add_argument("--graph", action="store_true", help="each sample one CUDA graph replay")
-
-
-def check_rr_args(p, args) -> None:
-    """``--calls`` from ``--reps`` where only the old name is given; rounds, calls and
-    warm-up at least 1 (else ``p.error``)."""
-    if args.calls is None:
-        args.calls = getattr(args, "reps", None)
-    if min(args.rounds, args.min_calls, args.max_calls, args.warmup) < 1:
-        p.error("rounds, calls and warmup must be at least 1")
 
 
 def median_ms(fn, reps: int, warmup: int = 5, *, cuda: bool = True, isolated: bool = False):
