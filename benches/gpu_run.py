@@ -12,7 +12,6 @@ import time
 import torch
 from gpu_report import make_row  # benches/gpu_report.py, same folder
 from gpu_shapes import counts_for, nbytes_for, pass_mult, row_class
-from host_cost import per_call_us  # benches/host_cost.py, same folder
 from peer_quack import quack_candidates  # benches/peer_quack.py, same folder
 from timing import round_robin, rr_settings  # benches/timing.py, same folder
 
@@ -205,6 +204,7 @@ def run_shape(name, spec, T, routings, passes, dtype, args, ceil, torch_gmm, Q, 
 def host_cost(torch_gmm, n=2000):
     """Host (CPU) microseconds per call of a small packed forward and forward+backward."""
     import groupmm
+    from host_cost import per_call_us  # benches/host_cost.py, same folder
 
     dev = "cuda"
     E, K, N, T = 8, 128, 128, 256

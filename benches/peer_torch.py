@@ -5,7 +5,6 @@ it), one rule each for whether this torch has it.
 
 from __future__ import annotations
 
-import groupmm.nn as gnn
 import torch
 import torch.nn.functional as F
 
@@ -27,8 +26,10 @@ class TorchGmm:
     forward records inside keeps F.grouped_mm for the backward)."""
 
     def __enter__(self):
-        self.saved = gnn.grouped_mm
+        import groupmm.nn as gnn  # here: bench_gpu.py runs --dry-run without groupmm
+
+        self.gnn, self.saved = gnn, gnn.grouped_mm
         gnn.grouped_mm = lambda a, b, offs=None: F.grouped_mm(a, b, offs=offs)
 
     def __exit__(self, *exc):
-        gnn.grouped_mm = self.saved
+        self.gnn.grouped_mm = self.saved

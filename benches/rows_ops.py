@@ -53,10 +53,10 @@ def num_experts(k: int) -> int:
 
 
 def op_bytes(op: str, T: int, D: int, k: int, es: int) -> int:
-    """The bytes ``op`` must move for T tokens, D columns, top-k k, element size es (the
-    module docstring's definition): rows read once, output rows written once, the int32
-    index and the float32 weights read once; scatter also its int32 [R] scratch, zeroed
-    and written (2*R*4)."""
+    """The bytes ``op`` must move for T tokens, D columns, top-k k, element size es
+    (bench_rows.py's docstring states it): rows read once, output rows written once, the
+    int32 index and the float32 weights read once; scatter also its int32 [R] scratch,
+    zeroed and written (2*R*4)."""
     R = T * k
     if op == "combine":
         return (R + T) * D * es + R * IDX_BYTES + R * W_BYTES
