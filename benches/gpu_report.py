@@ -13,12 +13,12 @@ from __future__ import annotations
 from gpu_shapes import CLASS_TITLE, CLASSES, row_class  # benches/gpu_shapes.py, same folder
 from report import (  # benches/report.py, same folder
     build_info_text,
+    chart,
     commands,
     fmt,
     mark,
     md_head,
     min_stats,
-    pyplot,
     save_png,
     spread_pct,
     timed_errors,
@@ -292,12 +292,10 @@ def render_md(doc: dict) -> str:
 def render_png(doc: dict, path: str) -> bool:
     """TFLOP/s per row (bars with min-max whiskers) over the ratios per row; False when
     matplotlib is missing."""
-    plt = pyplot()
-    if plt is None:
+    got = chart(doc)
+    if got is None:
         return False
-    rows = doc.get("rows", [])
-    if not rows:
-        return False
+    plt, rows = got
     n = len(rows)
     xs = list(range(n))
     fig, (ax, ax2) = plt.subplots(

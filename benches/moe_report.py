@@ -13,6 +13,7 @@ from __future__ import annotations
 from moe_configs import PASSES  # benches/moe_configs.py, same folder
 from report import (  # benches/report.py, same folder
     build_info_text,
+    chart,
     commands,
     differ,
     fmt,
@@ -21,7 +22,6 @@ from report import (  # benches/report.py, same folder
     merge_runs,
     min_stats,
     no_figure_lines,
-    pyplot,
     save_png,
     timed_errors,
     timed_fields,
@@ -279,12 +279,10 @@ def render_md(doc: dict) -> str:
 def render_png(doc: dict, path: str) -> bool:
     """ms per row and implementation (bars, min-max whiskers) over peak MiB; False when
     matplotlib is missing or there are no rows."""
-    plt = pyplot()
-    if plt is None:
+    got = chart(doc)
+    if got is None:
         return False
-    rows = doc.get("rows", [])
-    if not rows:
-        return False
+    plt, rows = got
     impls = [k for k in IMPLS if any(r["ms"].get(k) for r in rows)]
     if not impls:
         return False

@@ -170,9 +170,10 @@ def record(doc: dict, t_start: float, summarize, write, row=None) -> None:
     write(doc)
 
 
-def pyplot():
-    """matplotlib's pyplot drawing to files (the Agg backend), or None where matplotlib is
-    missing (a bench's --png then says there is no chart)."""
+def chart(doc: dict):
+    """``(pyplot, rows)`` for a chart of the document: matplotlib drawing to files (the Agg
+    backend) and the document's rows; None where matplotlib is missing or there are no
+    rows (a bench's --png then says there is no chart)."""
     try:
         import matplotlib
 
@@ -180,7 +181,8 @@ def pyplot():
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    return plt
+    rows = doc.get("rows", [])
+    return (plt, rows) if rows else None
 
 
 def save_png(plt, fig, path) -> bool:
