@@ -9,7 +9,8 @@ over bf16 measured on the same machine).
 import argparse
 import json
 
-from bench_gpu import fmt, summary  # benches/bench_gpu.py, same folder
+from gpu_report import summary  # benches/gpu_report.py, same folder
+from report import fmt  # benches/report.py, same folder
 
 
 def main():
@@ -31,9 +32,9 @@ def main():
         vt = t["groupmm"] / t["torch"] if t["groupmm"] and t["torch"] else None
         vq = t["groupmm"] / t["quack"] if t["groupmm"] and t.get("quack") else None
         shape = f"{r['shape']} ({r['E']}, {r['K']}, {r['N']}, {r['T']})"
-        cells = [shape, r["routing"], r["pass"], fmt(t["groupmm"]), fmt(t["torch"])]
-        cells += [fmt(t.get("quack")), fmt(t["loop"]), fmt(t["dense"]), fmt(vt, ".2f")]
-        cells += [fmt(vq, ".2f"), fmt(r.get("roofline"), ".2f")]
+        cells = [shape, r["routing"], r["pass"], fmt(t["groupmm"], ".0f"), fmt(t["torch"], ".0f")]
+        cells += [fmt(t.get("quack"), ".0f"), fmt(t["loop"], ".0f"), fmt(t["dense"], ".0f")]
+        cells += [fmt(vt, ".2f"), fmt(vq, ".2f"), fmt(r.get("roofline"), ".2f")]
         if other:
             key = (r["shape"], r["routing"], r["pass"])
             vo = t["groupmm"] / other[key] if t["groupmm"] and other.get(key) else None

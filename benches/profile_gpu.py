@@ -15,7 +15,7 @@ import math
 
 import groupmm
 import torch
-from bench_gpu import SHAPES, counts_for  # benches/bench_gpu.py, same folder
+from gpu_shapes import SHAPES, counts_for  # benches/gpu_shapes.py, same folder
 from torch.profiler import ProfilerActivity, profile
 
 

@@ -3,7 +3,8 @@
     from timing import median_ms, round_robin  # benches/timing.py, same folder
 
 ``median_ms(fn, reps)``: median milliseconds of one callable (CUDA events around each call,
-or ``perf_counter`` on the CPU) — the step timer of bench_moe, bench_transformers, bench_cpu.
+or ``perf_counter`` on the CPU) — the step timer of bench_transformers, bench_cpu,
+bench_gather.
 
 ``round_robin({name: fn, ...})``: several implementations of the same product measured
 against each other in a way that survives the clock drift of these GPUs (an H200's clocks
@@ -26,20 +27,21 @@ moment is fastest; ``../shared/PEERS.md``, "Timing on these GPUs"):
   rounds, and the per-round samples, so ratios can also be taken round by round
   (``paired``): two implementations of one round ran seconds apart at most.
 
+``rr_settings(args)``: round_robin's settings from a bench's command line (the flags
+themselves, results and their files: benches/report.py).
+
 The pure parts (``rr_orders``, ``spread``, ``paired``, ``calls_for``, ``lead_for``) take and
 return plain numbers and are unit-tested on the CPU (tests/python/test_bench_timing.py).
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import statistics
-import sys
 import time
 
 import torch
+from report import error_text  # benches/report.py, same folder
 
 # ----------------------------------------------------------------------------------------
 # pure parts
@@ -122,11 +124,6 @@ def gpu_spin(ms: float) -> None:
         torch.cuda._sleep(int(ms * _cycles_per_ms()))
 
 
-def _err(e: BaseException) -> str:
-    lines = str(e).strip().splitlines() or [""]
-    return f"{type(e).__name__}: {lines[0][:120]}"
-
-
 def _graph_of(fn, calls: int):
     """A CUDA graph of ``calls`` calls of ``fn`` (warmed on a side stream first, as
     torch.cuda.graph requires), returned as (replay function, graph)."""
@@ -205,7 +202,7 @@ def round_robin(
             torch.cuda.synchronize()
         except Exception as e:  # an implementation that cannot run a case is reported
             torch.cuda.synchronize()
-            res[k] = {"ms": None, "error": _err(e)}
+            res[k] = {"ms": None, "error": error_text(e, 120)}
             continue
         live[k] = {"run": fn, "warm_s": time.perf_counter() - t0, "mode": "events"}
 
@@ -228,7 +225,7 @@ def round_robin(
                 replay, g = _graph_of(fn, n)
             except Exception as e:  # capture is not for every implementation
                 torch.cuda.synchronize()
-                st["graph_error"] = _err(e)
+                st["graph_error"] = error_text(e, 120)
                 continue
             st["graph"] = g  # kept alive until the samples are read
             st["sample"] = replay
@@ -270,7 +267,7 @@ def round_robin(
             try:
                 st["sample"]()
             except Exception as ex:  # reported; the other implementations go on
-                st["error"] = _err(ex)
+                st["error"] = error_text(ex, 120)
             e.record()
             if isolated:
                 e.synchronize()
@@ -310,8 +307,8 @@ def round_robin(
     }
 
 
-# --------------------------------------------------------------------------- reports
-# The summary math and output writing that bench_gpu and bench_moe share.
+# --------------------------------------------------------------------------- arguments
+# round_robin's settings from a command line (its flags: report.add_rr_args).
 
 
 #: the keyword arguments of :func:`round_robin` a bench's command line sets
@@ -322,74 +319,6 @@ def rr_settings(args) -> dict:
     """:func:`round_robin`'s keyword arguments from a bench's parsed command line: those of
     ``RR_ARGS`` that ``args`` has (also what the bench records as its timer)."""
     return {k: getattr(args, k) for k in RR_ARGS if hasattr(args, k)}
-
-
-def line_buffered_stdout() -> None:
-    """Print every line as it comes (a bench's progress reaches a log that a time limit
-    may cut off), where the stream allows it."""
-    try:
-        sys.stdout.reconfigure(line_buffering=True)
-    except AttributeError:
-        pass
-
-
-def load_docs(paths: str, upgrade=None) -> list:
-    """The result documents of a comma list of JSON files (``--from-json``), each passed
-    through ``upgrade`` (e.g. a reader of an older schema) when given."""
-    docs = []
-    for path in paths.split(","):
-        with open(path) as fh:
-            doc = json.load(fh)
-        docs.append(upgrade(doc) if upgrade else doc)
-    return docs
-
-
-def gmean(v):
-    """Geometric mean of positive values; None for none."""
-    return math.exp(sum(math.log(x) for x in v) / len(v)) if v else None
-
-
-def spread_pct(row: dict, k: str):
-    """The min-max spread of implementation k's samples in a result row, in % of its median."""
-    sp, med = (row.get("spread_ms") or {}).get(k), row["ms"].get(k)
-    if not sp or not med:
-        return None
-    return 100.0 * (sp["max"] - sp["min"]) / med
-
-
-def mark(met) -> str:
-    """How a target reads in a table: met, NOT met, or not measured (None)."""
-    return "not measured" if met is None else ("met" if met else "NOT met")
-
-
-def no_figure_lines(rows, label, name=lambda k: k) -> list:
-    """The markdown lines that list the rows' ``errors`` (what had no figure and why),
-    each reason once with up to three of its rows (``label(row)``; ``name(key)``: how an
-    implementation is named); no lines when nothing failed."""
-    errs: dict = {}
-    for r in rows:
-        for k, why in (r.get("errors") or {}).items():
-            errs.setdefault((k, why), []).append(label(r))
-    out = ["", "No figure:"] if errs else []
-    for (k, why), where in errs.items():
-        more = f", {len(where) - 3} more" if len(where) > 3 else ""
-        out.append(f"- {name(k)}: {why} ({'; '.join(where[:3])}{more})")
-    return out
-
-
-def write_outputs(doc: dict, json_path, md_path, render_md) -> None:
-    """The result document as compact JSON (the per-round samples make it large) and as
-    markdown (``render_md(doc)``), each written atomically: a run killed mid-write keeps the
-    previous file. A None path is skipped."""
-    for path, text in (
-        (json_path, lambda: json.dumps(doc, separators=(",", ":"))),
-        (md_path, lambda: render_md(doc)),
-    ):
-        if path:
-            tmp = path + ".tmp"
-            with open(tmp, "w") as f:
-                f.write(text())
-            os.replace(tmp, path)
 
 
 def median_ms(fn, reps: int, warmup: int = 5, *, cuda: bool = True, isolated: bool = False):

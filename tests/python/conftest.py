@@ -7,7 +7,7 @@ The reference is written from ARCHITECTURE.md's definition of each form (a per-g
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import os
 import sys
 import tempfile
@@ -266,14 +266,14 @@ BENCHES = Path(__file__).resolve().parents[2] / "benches"
 
 
 def load_bench(name):
-    """benches/<name>.py as a module (the benches are scripts, not a package), registered
-    under its name so that a bench's ``from timing import ...`` finds the same module."""
-    if name in sys.modules and getattr(sys.modules[name], "__file__", "").startswith(str(BENCHES)):
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, BENCHES / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
+    """benches/<name>.py as a module (the benches are scripts and the modules they share,
+    not a package): benches/ goes first on sys.path, as it does when a bench runs as
+    ``python3 benches/<name>.py``, so a bench's ``from timing import ...`` finds its
+    neighbours and every test gets the same module objects."""
+    if str(BENCHES) not in sys.path:
+        sys.path.insert(0, str(BENCHES))
+    mod = importlib.import_module(name)
+    assert Path(mod.__file__).parent == BENCHES, f"{name} is not benches/{name}.py: {mod}"
     return mod
 
 

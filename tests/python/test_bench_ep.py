@@ -25,8 +25,9 @@ from conftest import load_bench
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benches" / "bench_ep.py"
 
-load_bench("timing")  # what bench_ep imports from its folder, loaded by path first
-load_bench("bench_moe")
+ep_run = load_bench("ep_run")
+ep_split = load_bench("ep_split")
+ep_report = load_bench("ep_report")
 bench = load_bench("bench_ep")
 
 needs_gloo = pytest.mark.skipif(
@@ -39,8 +40,8 @@ needs_gloo = pytest.mark.skipif(
 
 def test_routing_uniform_and_skewed():
     gen = torch.Generator().manual_seed(0)
-    for kind in bench.ROUTINGS:
-        ids, w = bench.make_routing(4000, 16, 3, kind, gen)
+    for kind in ep_run.ROUTINGS:
+        ids, w = ep_run.make_routing(4000, 16, 3, kind, gen)
         assert ids.shape == (4000, 3) and ids.dtype == torch.int64
         assert int(ids.min()) >= 0 and int(ids.max()) < 16
         assert (ids.sort(1).values.diff(dim=1) > 0).all(), "a token's experts are distinct"
@@ -52,7 +53,7 @@ def test_routing_uniform_and_skewed():
             assert counts[0] > counts[1] > counts[8] > counts[15]
             assert counts[:4].sum() > 1.5 * counts[12:].sum()
     with pytest.raises(ValueError, match="routing"):
-        bench.make_routing(4, 4, 1, "zipf", gen)
+        ep_run.make_routing(4, 4, 1, "zipf", gen)
 
 
 def test_phases_add_up_to_the_step():
@@ -61,12 +62,12 @@ def test_phases_add_up_to_the_step():
     def ms(a, b):
         return b - a
 
-    ph = bench.phases_of(ms, st)
+    ph = ep_split.phases_of(ms, st)
     assert ph == {"step": 13.0, "dispatch": 3.0, "experts": 7.5, "combine": 2.5}
-    assert sum(ph[p] for p in bench.PHASES) == ph["step"]
+    assert sum(ph[p] for p in ep_split.PHASES) == ph["step"]
     partial = {k: v for k, v in st.items() if k != "b2"}  # a boundary the step missed
-    assert bench.phases_of(ms, partial) == {"step": 13.0}
-    assert bench.phases_of(ms, {"t0": 1.0, "f3": 2.0, "t1": 4.0}, ep=False) == {
+    assert ep_split.phases_of(ms, partial) == {"step": 13.0}
+    assert ep_split.phases_of(ms, {"t0": 1.0, "f3": 2.0, "t1": 4.0}, ep=False) == {
         "step": 3.0,
         "experts": 3.0,
     }
@@ -75,8 +76,8 @@ def test_phases_add_up_to_the_step():
 def test_marks_stamp_forward_and_backward_in_order():
     """The identity marks record their boundaries when the forward passes them and again
     when the gradient does, and change nothing in between."""
-    clock = bench.Clock(cuda=False)
-    split = bench.Split(clock)
+    clock = ep_split.Clock(cuda=False)
+    split = ep_split.Split(clock)
     x = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
     assert split.mark(x, "f1", "b1") is x  # outside a timed step: no node at all
     split.begin()
@@ -88,8 +89,8 @@ def test_marks_stamp_forward_and_backward_in_order():
     order = ["t0", "f1", "f2", "f3", "b2", "b1", "t1"]
     assert sorted(st, key=st.get) == order
     torch.testing.assert_close(x.grad, torch.full_like(x, 3.0))
-    ph = bench.phases_of(clock.ms, st)
-    assert set(ph) == {"step", *bench.PHASES}
+    ph = ep_split.phases_of(clock.ms, st)
+    assert set(ph) == {"step", *ep_split.PHASES}
 
 
 def _rank(samples, phases, recv):
@@ -115,7 +116,7 @@ def test_row_takes_the_slowest_rank_and_the_ratios():
     )
     spec = {"config": "c", "routing": "uniform", "T": 1000, "d_model": 8, "d_ff": 8}
     spec.update(experts=4, top_k=2)
-    row = bench.make_row(spec, 2, [r0, r1], names, {"unfused": "why"}, None, "bfloat16")
+    row = ep_report.make_row(spec, 2, [r0, r1], names, {"unfused": "why"}, None, "bfloat16")
     f, t = row["impls"]["fused"], row["impls"]["torchtitan"]
     assert f["samples_ms"] == [6.0, 5.0, 6.0]  # the slowest rank of each round
     assert f["step_ms"] == 6.0 and t["step_ms"] == 9.0
@@ -150,10 +151,10 @@ def _doc(world, step):
 
 
 def test_markdown_and_merge(tmp_path):
-    merged = bench.merge_docs([_doc(1, 3.0), _doc(2, 4.0)])
+    merged = ep_report.merge_docs([_doc(1, 3.0), _doc(2, 4.0)])
     assert [r["world"] for r in merged["rows"]] == [1, 2]
     assert merged["runs"] == [["run", "1"], ["run", "2"]]
-    md = bench.render_md(merged)
+    md = ep_report.render_md(merged)
     assert "| tiny (16, 32, 8, 2) | skewed | 1 | groupmm fused | 3.00 | 21.3k |" in md
     assert "| tiny (16, 32, 8, 2) | skewed | 2 | groupmm fused | 4.00 | 16.0k |" in md
     assert "- torchtitan: import torchtitan failed (tiny skewed W=1; tiny skewed W=2)" in md
@@ -206,7 +207,7 @@ def _check_doc(doc, md, stdout, world, dtype, routings):
             assert len(v["per_rank"]) == world
             assert v["phases_ms"]["experts"] > 0, name
             if name != "single":  # the split reached every EP implementation
-                assert all(v["phases_ms"][p] is not None for p in bench.PHASES), name
+                assert all(v["phases_ms"][p] is not None for p in ep_split.PHASES), name
                 assert v["experts_vs_single"] > 0
         # the speed comparison is also a correctness comparison
         c = row["check"]
@@ -214,7 +215,7 @@ def _check_doc(doc, md, stdout, world, dtype, routings):
         assert set(c["vs_reference"]) == expected - {"single"}
         assert set(c["vs_fused"]) == expected - {"single", "fused"}
         for name, qs in c["vs_reference"].items():
-            assert set(qs) == set(bench.GRADS)
+            assert set(qs) == set(ep_run.GRADS)
             assert all(v <= c["tolerance"][name] for v in qs.values()), (name, qs)
         if tt["used"]:
             assert row["impls"]["fused"]["vs_torchtitan"] > 0

@@ -3,11 +3,13 @@ SonicMoE's layout (against a float64 computation of the layer from the converted
 row building, the summary against issue 22's targets, markdown, --dry-run and --from-json,
 and main() end to end with stand-ins for CUDA's events and for SonicMoE.
 
-``benches/timing.py`` and ``benches/bench_moe.py`` are loaded by path. The SonicMoE stand-in
-(:func:`fake_sonic_layer`) is written here from SonicMoE's documented semantics (weights
-``(2I, H, E)`` / ``(H, I, E)`` with stride order (2, 0, 1), interleaved or concatenated
-gate/up rows, both routing modes), independently of the bench, so a bench that hands it
-the wrong layout or flags computes a different layer and fails the comparison with fused.
+``benches/bench_moe.py`` and the modules it shares code through (``moe_configs``,
+``peer_sonicmoe``, ``moe_report``, ``report``, ``timing``) are loaded from benches/. The
+SonicMoE stand-in (:func:`fake_sonic_layer`) is written here from SonicMoE's documented
+semantics (weights ``(2I, H, E)`` / ``(H, I, E)`` with stride order (2, 0, 1), interleaved
+or concatenated gate/up rows, both routing modes), independently of the bench, so a bench
+that hands it the wrong layout or flags computes a different layer and fails the
+comparison with fused.
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ F64 = torch.float64
 
 
 timing = load_bench("timing")
+report = load_bench("report")
+configs = load_bench("moe_configs")
+sonic = load_bench("peer_sonicmoe")
+moe_report = load_bench("moe_report")
 bench = load_bench("bench_moe")
 
 
@@ -40,17 +46,17 @@ bench = load_bench("bench_moe")
 
 
 def test_config_table_and_selection():
-    c = bench.CONFIGS
+    c = configs.CONFIGS
     # issue 22's table, (d, d_ff, E, k)
-    assert [c[n] for n in bench.GROUPS["issue22"]] == [
+    assert [c[n] for n in configs.GROUPS["issue22"]] == [
         (2048, 768, 128, 8),
         (2048, 1024, 64, 8),
         (4096, 1536, 128, 8),
         (2880, 2880, 32, 4),
     ]
-    assert bench.GROUPS["issue22"] == ("qwen3-30b-a3b", "olmoe", "qwen3-235b-a22b", "gpt-oss-20b")
+    assert configs.GROUPS["issue22"] == ("qwen3-30b-a3b", "olmoe", "qwen3-235b-a22b", "gpt-oss-20b")
     # today's configs keep their names and sizes (README's table, profile_moe.py's default)
-    assert {n: c[n] for n in bench.GROUPS["legacy"]} == {
+    assert {n: c[n] for n in configs.GROUPS["legacy"]} == {
         "qwen3": (2048, 768, 128, 8),
         "olmoe": (2048, 1024, 64, 8),
         "dsv3-local": (7168, 2048, 32, 8),
@@ -59,20 +65,20 @@ def test_config_table_and_selection():
     for name, v in c.items():  # profile_moe.py unpacks four ints
         d, f, E, k = v
         assert all(isinstance(t, int) and t > 0 for t in v) and k <= E, name
-        assert name in bench.MODELS
-    assert bench.select_configs("issue22") == list(bench.GROUPS["issue22"])
+        assert name in configs.MODELS
+    assert configs.select_configs("issue22") == list(configs.GROUPS["issue22"])
     # CONFIGS order, each once; names and groups mix
-    assert bench.select_configs("mixtral,olmoe,issue22,olmoe") == [
+    assert configs.select_configs("mixtral,olmoe,issue22,olmoe") == [
         "qwen3-30b-a3b",
         "olmoe",
         "qwen3-235b-a22b",
         "gpt-oss-20b",
         "mixtral",
     ]
-    assert "qwen3" not in bench.select_configs("all")  # same sizes as qwen3-30b-a3b
-    assert len(bench.select_configs("all")) == len(set(c.values()))
+    assert "qwen3" not in configs.select_configs("all")  # same sizes as qwen3-30b-a3b
+    assert len(configs.select_configs("all")) == len(set(c.values()))
     with pytest.raises(SystemExit, match="unknown config 'nope'"):
-        bench.select_configs("olmoe,nope")
+        configs.select_configs("olmoe,nope")
 
 
 def test_plan_rows_order_and_fields():
@@ -95,7 +101,7 @@ def test_plan_rows_order_and_fields():
 @pytest.mark.parametrize("kind", ["uniform", "skewed"])
 def test_fixed_routing_ids(kind):
     T, E, k = 256, 16, 4
-    ids = bench.routing(T, E, k, kind, torch.Generator().manual_seed(1))
+    ids = configs.routing(T, E, k, kind, torch.Generator().manual_seed(1))
     assert ids.shape == (T, k) and ids.min() >= 0 and ids.max() < E
     for row in ids.tolist():
         assert len(set(row)) == k  # a token's k experts distinct
@@ -117,7 +123,7 @@ def _layer(d, f, E, k, seed=0, dtype=F64):
 def test_sonic_weights_are_copies_in_sonic_layout():
     d, f, E, k = 12, 5, 6, 2
     layer = _layer(d, f, E, k)
-    rw, w1, w2 = bench.sonic_weights(layer)
+    rw, w1, w2 = sonic.sonic_weights(layer)
     w_in, w_out = layer.experts.w_in, layer.experts.w_out
     assert rw.shape == (E, d) and w1.shape == (E, 2 * f, d) and w2.shape == (E, d, f)
     for t in (rw, w1, w2):
@@ -128,12 +134,12 @@ def test_sonic_weights_are_copies_in_sonic_layout():
         assert torch.equal(w2[e], w_out[e].T)
     assert torch.equal(rw, layer.router.gate.weight)
     # the views SonicMoE is handed: (2F, d, E) and (d, F, E), stride order (2, 0, 1)
-    w1p, w2p = bench.sonic_args(w1, w2)
+    w1p, w2p = sonic.sonic_args(w1, w2)
     assert w1p.shape == (2 * f, d, E) and w2p.shape == (d, f, E)
     for w in (w1p, w2p):
         assert w.stride(2) > w.stride(0) > w.stride(1) == 1
     # back to groupmm's layout
-    a, b = bench.to_groupmm_layout(w1, w2)
+    a, b = sonic.to_groupmm_layout(w1, w2)
     assert torch.equal(a, w_in) and torch.equal(b, w_out)
     # copies: the layer's weights stay as they were
     with torch.no_grad():
@@ -161,14 +167,14 @@ def test_sonic_layout_reference_equals_moelayer_float64(E, k, fused):
     g_x, g_r = x.grad.clone(), layer.router.gate.weight.grad
     g_in, g_out = layer.experts.w_in.grad, layer.experts.w_out.grad
 
-    rw, w1, w2 = bench.sonic_weights(layer)
+    rw, w1, w2 = sonic.sonic_weights(layer)
     x.grad = None
-    ref = bench.sonic_layout_reference(x, rw, *bench.sonic_args(w1, w2), k)
+    ref = sonic.sonic_layout_reference(x, rw, *sonic.sonic_args(w1, w2), k)
     torch.testing.assert_close(ref, out, rtol=1e-10, atol=1e-12)
     ref.backward(gy)
     torch.testing.assert_close(x.grad, g_x, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(rw.grad, g_r, rtol=1e-10, atol=1e-12)
-    a, b = bench.to_groupmm_layout(w1.grad, w2.grad)
+    a, b = sonic.to_groupmm_layout(w1.grad, w2.grad)
     torch.testing.assert_close(a, g_in, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(b, g_out, rtol=1e-10, atol=1e-12)
 
@@ -181,10 +187,10 @@ def test_reference_tells_wrong_layouts_apart():
     x = torch.randn(T, d, dtype=F64)
     with torch.no_grad():
         want = layer(x)
-        rw, w1, w2 = bench.sonic_weights(layer)
+        rw, w1, w2 = sonic.sonic_weights(layer)
 
         def rel(w1_, w2_):
-            got = bench.sonic_layout_reference(x, rw, *bench.sonic_args(w1_, w2_), k)
+            got = sonic.sonic_layout_reference(x, rw, *sonic.sonic_args(w1_, w2_), k)
             return float((got - want).norm() / want.norm())
 
         assert rel(w1, w2) < 1e-12
@@ -224,7 +230,7 @@ def test_make_row_ratios_paired_memory_and_errors():
         "plain": {"ms": None, "error": "RuntimeError: boom"},
     }
     peaks = {"fused": 100, "sonicmoe": 200, "torch-gmm": 400}
-    row = bench.make_row(
+    row = moe_report.make_row(
         base, timed, peaks, {"sonicmoe": 1e-3}, {}, {"groupmm": "not run", "x": None}
     )
     assert row["config"] == "c" and row["ms"]["groupmm"] is None
@@ -242,15 +248,15 @@ def test_make_row_ratios_paired_memory_and_errors():
     assert row["errors"] == {"groupmm": "not run", "plain": "RuntimeError: boom"}
     assert row["rel_diff"] == {"sonicmoe": 1e-3}
     json.dumps(row)
-    line = bench.format_row(row)
+    line = moe_report.format_row(row)
     assert "sonicmoe 2.200±9.1%" in line and "sonicmoe 1.10" in line and "plain -" in line
 
 
 def _row(config, speed_sonic, mem_sonic, p="fwd+bwd", T=4096):
-    ms = {k: None for k in bench.IMPLS}
+    ms = {k: None for k in moe_report.IMPLS}
     ms["fused"] = 1.0
     ms["torch-gmm"] = 1.4
-    peaks = {k: None for k in bench.IMPLS}
+    peaks = {k: None for k in moe_report.IMPLS}
     peaks["fused"] = 100 * 2**20
     if speed_sonic is not None:
         ms["sonicmoe"] = speed_sonic
@@ -259,7 +265,7 @@ def _row(config, speed_sonic, mem_sonic, p="fwd+bwd", T=4096):
     r.update(routing="router", pass_=None)
     r.pop("pass_")
     r.update({"pass": p, "ms": ms, "peak_bytes": peaks})
-    r.update(bench.ratios(r))
+    r.update(moe_report.ratios(r))
     return r
 
 
@@ -270,7 +276,7 @@ def test_summary_against_issue_22_targets():
         _row("c", 1.5, 0.5),
         _row("d", 0.1, 9.0, p="fwd"),  # fwd rows are not what the targets are about
     ]
-    s = bench.summarize(rows)
+    s = moe_report.summarize(rows)
     assert s["rows"] == 3
     st = s["speed"]["sonicmoe"]
     assert st["n"] == 3 and st["min"] == pytest.approx(0.9) and st["max"] == pytest.approx(1.5)
@@ -283,13 +289,13 @@ def test_summary_against_issue_22_targets():
     assert t["speed vs SonicMoE, every row"]["met"] is False
     assert t["speed vs SonicMoE, geomean"]["met"] is True  # 1.174 ≥ 1.15
     assert t["peak memory / SonicMoE's, every row"]["met"] is False
-    good = bench.summarize([_row("a", 1.2, 0.8), _row("c", 1.5, 1.0)])
+    good = moe_report.summarize([_row("a", 1.2, 0.8), _row("c", 1.5, 1.0)])
     assert [x["met"] for x in good["targets"]] == [True, True, True]
-    slow = bench.summarize([_row("a", 1.1, 0.8)])
+    slow = moe_report.summarize([_row("a", 1.1, 0.8)])
     assert [x["met"] for x in slow["targets"]] == [True, False, True]
-    none = bench.summarize([_row("a", None, None)])
+    none = moe_report.summarize([_row("a", None, None)])
     assert [x["met"] for x in none["targets"]] == [None, None, None]
-    text = "\n".join(bench.summary_lines(rows))
+    text = "\n".join(moe_report.summary_lines(rows))
     assert "geomean 1.17, min 0.90 (b T=4096 router fwd+bwd)" in text
     assert "speed vs SonicMoE, every row ≥ 1.00: 0.90 NOT met" in text
     assert "peak memory / SonicMoE's, every row ≤ 1.00: 1.10 NOT met" in text
@@ -327,7 +333,7 @@ def test_render_md_names_the_environment_and_every_row():
     r3["routing"] = "uniform"
     r3["errors"] = {"sonicmoe": "fixed routing: SonicMoE's layer routes with its own router"}
     skipped = [{"row": "gpt-oss-20b T=4096 router fwd+bwd", "why": "--budget-s 1 spent"}]
-    md = bench.render_md(_doc([r1, r2, r3], complete=False, skipped=skipped))
+    md = moe_report.render_md(_doc([r1, r2, r3], complete=False, skipped=skipped))
     assert md.startswith("**device Fake GPU; torch 2.99.0+cu999, CUDA 99.1; bfloat16**")
     assert "sonic-moe 0.1.2.post1, quack-kernels 0.3.11, nvidia-cutlass-dsl 4.4.2" in md
     assert "groupmm build_info: version 0.1.0, cuda True, cutlass 4.2.0" in md
@@ -344,7 +350,7 @@ def test_render_md_names_the_environment_and_every_row():
     assert "- SonicMoE: fixed routing: SonicMoE's layer routes with its own router (mixtral" in md
     assert "skipped: gpt-oss-20b T=4096 router fwd+bwd (--budget-s 1 spent)" in md
     # no SonicMoE in the run: said so, with why
-    md2 = bench.render_md(
+    md2 = moe_report.render_md(
         _doc([r3], sonicmoe=False, sonicmoe_why="ModuleNotFoundError: No module named 'sonicmoe'")
     )
     assert "SonicMoE not measured: ModuleNotFoundError: No module named 'sonicmoe'" in md2
@@ -354,19 +360,19 @@ def test_merge_docs_of_two_commands(tmp_path, capsys):
     a = _doc([_row("qwen3-30b-a3b", 1.2, 0.8)], argv=["--configs", "qwen3-30b-a3b"])
     a["skipped"] = [{"row": "olmoe T=4096 router fwd+bwd", "why": "--budget-s 9 spent"}]
     b = _doc([_row("olmoe", 0.9, 1.1)], argv=["--configs", "olmoe"], complete=False)
-    m = bench.merge_docs([a, b])
+    m = moe_report.merge_docs([a, b])
     assert [r["config"] for r in m["rows"]] == ["qwen3-30b-a3b", "olmoe"]
     assert m["skipped"] == []  # measured by the second run
     assert m["complete"] is False and m["merged_differ"] == []
     assert m["runs"] == [["--configs", "qwen3-30b-a3b"], ["--configs", "olmoe"]]
     assert m["summary"]["speed"]["sonicmoe"]["n"] == 2
-    md = bench.render_md(m)
+    md = moe_report.render_md(m)
     assert "python3 benches/bench_moe.py --configs qwen3-30b-a3b\n" in md
     assert "python3 benches/bench_moe.py --configs olmoe\n" in md
     c = _doc([_row("gpt-oss-20b", 1.0, 1.0)], device="Other GPU")
-    assert bench.merge_docs([a, b, c])["merged_differ"] == ["device"]
-    assert "merged runs differ in: device" in bench.render_md(bench.merge_docs([a, c]))
-    assert bench.merge_docs([a]) is a
+    assert moe_report.merge_docs([a, b, c])["merged_differ"] == ["device"]
+    assert "merged runs differ in: device" in moe_report.render_md(moe_report.merge_docs([a, c]))
+    assert moe_report.merge_docs([a]) is a
     # through the command line: merged JSON and markdown
     for name, d in (("a", a), ("b", b)):
         (tmp_path / f"{name}.json").write_text(json.dumps(d))
@@ -377,7 +383,7 @@ def test_merge_docs_of_two_commands(tmp_path, capsys):
     )
     merged = json.loads(out.read_text())
     assert len(merged["rows"]) == 2 and len(merged["runs"]) == 2
-    assert (tmp_path / "m.md").read_text() == bench.render_md(merged)
+    assert (tmp_path / "m.md").read_text() == moe_report.render_md(merged)
     assert "fused speed / SonicMoE: geomean" in capsys.readouterr().out
 
 
@@ -385,15 +391,15 @@ def test_rel_diff_in_slices(monkeypatch):
     torch.manual_seed(0)
     a, b = torch.randn(5, 3, 4), torch.randn(5, 3, 4)
     want = float((a - b).norm() / b.norm())
-    assert bench.rel_diff(a, b) == pytest.approx(want, rel=1e-6)
-    monkeypatch.setattr(bench, "_CHUNK", 7)  # one slice of dim 0 at a time
-    assert bench.rel_diff(a, b) == pytest.approx(want, rel=1e-6)
-    assert bench.rel_diff(a[0, 0], b[0, 0]) == pytest.approx(
+    assert report.rel_diff(a, b) == pytest.approx(want, rel=1e-6)
+    monkeypatch.setattr(report, "_CHUNK", 7)  # one slice of dim 0 at a time
+    assert report.rel_diff(a, b) == pytest.approx(want, rel=1e-6)
+    assert report.rel_diff(a[0, 0], b[0, 0]) == pytest.approx(
         float((a[0, 0] - b[0, 0]).norm() / b[0, 0].norm()), rel=1e-6
     )
-    assert bench.rel_diff(b, b) == 0.0
-    assert bench.rel_diff(None, b) is None and bench.rel_diff(a, None) is None
-    assert bench.rel_diff(a, torch.zeros_like(a)) == math.inf
+    assert report.rel_diff(b, b) == 0.0
+    assert report.rel_diff(None, b) is None and report.rel_diff(a, None) is None
+    assert report.rel_diff(a, torch.zeros_like(a)) == math.inf
 
 
 # ---------------------------------------------------------------------- --dry-run, --from-json
@@ -412,7 +418,7 @@ def test_dry_run_and_help_end_to_end():
     assert run.returncode == 0, run.stderr
     lines = run.stdout.strip().splitlines()
     assert len(lines) == 9
-    for name, T in [(n, t) for n in bench.GROUPS["issue22"] for t in (4096, 16384)]:
+    for name, T in [(n, t) for n in configs.GROUPS["issue22"] for t in (4096, 16384)]:
         assert any(ln.startswith(name) and f"T={T} " in ln for ln in lines[:8]), (name, T)
     assert "router  fwd+bwd d=2880  d_ff=2880  E=32  k=4" in lines[6]
     assert lines[-1].startswith("8 rows over 4 configs; estimated wall on an H200 ~")
@@ -427,7 +433,7 @@ def test_estimate_is_a_budget_model(capsys):
         "router",
         "fwd+bwd",
     )
-    cfg = {n: bench.CONFIGS[n] for n in bench.GROUPS["issue22"]}
+    cfg = {n: configs.CONFIGS[n] for n in configs.GROUPS["issue22"]}
     plan = bench.plan_rows(cfg, [4096, 16384], ["router"], ["fwd+bwd"])
     est = bench.estimate_s(plan, args, sonic=True)
     assert est["rows"] == 8
@@ -464,7 +470,7 @@ def test_md_shows_the_fused_host_time_bold_where_it_reaches_the_gpu_time():
         "host_ms": {"fused": 2.9},
     }
     fast = dict(row, T=16384, ms={"fused": 8.3}, host_ms={"fused": 2.7})
-    text = bench.render_md({"rows": [row, fast], "device": "X", "torch": "t", "cuda": "c"})
+    text = moe_report.render_md({"rows": [row, fast], "device": "X", "torch": "t", "cuda": "c"})
     assert "| fused host ms |" in text
     assert "| fwd+bwd | 2.80 | **2.90** | - |" in text
     assert "| fwd+bwd | 8.30 | 2.70 | - |" in text
@@ -473,7 +479,7 @@ def test_md_shows_the_fused_host_time_bold_where_it_reaches_the_gpu_time():
 def test_from_json_renders_a_file_of_the_bench_before_round_robin(tmp_path, capsys):
     path = BENCHES / "results" / "h200_moe.json"
     old = json.loads(path.read_text())
-    doc = bench.upgrade_legacy(old)
+    doc = moe_report.upgrade_legacy(old)
     assert len(doc["rows"]) == 2 * len(old["rows"])
     r = doc["rows"][0]
     o = old["rows"][0]
@@ -632,8 +638,8 @@ def test_main_end_to_end_with_a_fake_sonicmoe(monkeypatch, tmp_path, capsys):
     assert set(rows) == {(a, b) for a in ("router", "uniform") for b in ("fwd+bwd", "fwd")}
 
     r = rows[("router", "fwd+bwd")]
-    assert set(k for k, v in r["ms"].items() if v) == set(bench.IMPLS), r["errors"]
-    assert all(len(r["samples_ms"][k]) == 3 for k in bench.IMPLS)
+    assert set(k for k, v in r["ms"].items() if v) == set(moe_report.IMPLS), r["errors"]
+    assert all(len(r["samples_ms"][k]) == 3 for k in moe_report.IMPLS)
     # SonicMoE, handed the converted weights, computes fused's layer: outputs and gradients
     assert r["rel_diff"]["sonicmoe"] < 1e-5
     assert set(r["grad_rel_diff"]["sonicmoe"]) == {"x", "router", "w_in", "w_out"}
@@ -641,7 +647,7 @@ def test_main_end_to_end_with_a_fake_sonicmoe(monkeypatch, tmp_path, capsys):
     for k in ("groupmm", "torch-gmm", "plain"):
         assert r["rel_diff"][k] < 1e-5 and max(r["grad_rel_diff"][k].values()) < 1e-5
     # peak memory: one step per implementation, fused first, in IMPLS order
-    assert r["peak_bytes"] == {k: 100 * (i + 1) for i, k in enumerate(bench.IMPLS)}
+    assert r["peak_bytes"] == {k: 100 * (i + 1) for i, k in enumerate(moe_report.IMPLS)}
     assert r["mem"]["sonicmoe"] == pytest.approx(0.2)
     assert r["speed"]["sonicmoe"] == pytest.approx(r["ms"]["sonicmoe"] / r["ms"]["fused"])
     assert r["sonic_warm_s"] is not None and r["sonic_warm_s"] >= 0
@@ -680,7 +686,7 @@ def test_main_end_to_end_with_a_fake_sonicmoe(monkeypatch, tmp_path, capsys):
 def test_main_without_sonicmoe_says_why(monkeypatch, tmp_path):
     _fake_cuda(monkeypatch)
     monkeypatch.setitem(sys.modules, "sonicmoe", None)  # import fails
-    S, why = bench.load_sonic()
+    S, why = sonic.load_sonic()
     assert (
         S is None and why.startswith(("ModuleNotFoundError", "ImportError")) and "sonicmoe" in why
     )
@@ -693,7 +699,7 @@ def test_main_without_sonicmoe_says_why(monkeypatch, tmp_path):
     (r,) = doc["rows"]
     assert r["ms"]["sonicmoe"] is None and r["errors"]["sonicmoe"] == why
     assert r["ms"]["fused"] and r["speed"]["sonicmoe"] is None
-    assert f"SonicMoE not measured: {why}" in bench.render_md(doc)
+    assert f"SonicMoE not measured: {why}" in moe_report.render_md(doc)
     assert bench.main(argv + ["--json", str(out), "--no-sonic"]) == 0
     assert json.loads(out.read_text())["sonicmoe_why"] == "--no-sonic"
 

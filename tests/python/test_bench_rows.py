@@ -5,7 +5,8 @@ against them, rows, the summary and the markdown from synthetic results, --dry-r
 --from-json through main(), and main() end to end with CUDA's events, device queries and
 memory counters stood in for (the GPU run itself is the lead's).
 
-``benches/timing.py`` and ``benches/bench_rows.py`` are loaded by path.
+``benches/bench_rows.py`` and the modules it is made of (``rows_ops``, ``rows_report``,
+``report``, ``timing``) are loaded from benches/.
 """
 
 from __future__ import annotations
@@ -18,7 +19,10 @@ import pytest
 import torch
 from conftest import WallClockEvent, load_bench
 
-timing = load_bench("timing")  # bench_rows imports it from its folder
+timing = load_bench("timing")
+report = load_bench("report")
+rows_ops = load_bench("rows_ops")
+rows_report = load_bench("rows_report")
 bench = load_bench("bench_rows")
 
 BF16 = torch.bfloat16
@@ -31,57 +35,57 @@ def test_op_bytes_hand_counts():
     # T = 3 tokens, D = 4, k = 2: R = 6 routed rows; bf16 (2 bytes)
     T, D, k = 3, 4, 2
     # combine: read 6 rows (48 B), write 3 rows (24 B), int32 index 6 x 4, weights 6 x 4
-    assert bench.op_bytes("combine", T, D, k, 2) == 48 + 24 + 24 + 24 == 120
-    assert bench.op_bytes("sum", T, D, k, 2) == 48 + 24 + 24 == 96
+    assert rows_ops.op_bytes("combine", T, D, k, 2) == 48 + 24 + 24 + 24 == 120
+    assert rows_ops.op_bytes("sum", T, D, k, 2) == 48 + 24 + 24 == 96
     # gather: read 6 rows (with repeats), write 6 rows, int32 src 6 x 4
-    assert bench.op_bytes("gather", T, D, k, 2) == 48 + 48 + 24 == 120
+    assert rows_ops.op_bytes("gather", T, D, k, 2) == 48 + 48 + 24 == 120
     # scatter: read 6 rows of grad, write 6 rows, the index, the scratch zeroed and written
-    assert bench.op_bytes("scatter", T, D, k, 2) == 48 + 48 + 24 + 2 * 24 == 168
+    assert rows_ops.op_bytes("scatter", T, D, k, 2) == 48 + 48 + 24 + 2 * 24 == 168
     # fp32 rows: the row terms double, the index and weights stay 4 bytes an entry
-    assert bench.op_bytes("combine", T, D, k, 4) == 96 + 48 + 24 + 24
-    assert bench.op_bytes("gather", 5, 8, 1, 4) == 2 * 5 * 8 * 4 + 5 * 4
+    assert rows_ops.op_bytes("combine", T, D, k, 4) == 96 + 48 + 24 + 24
+    assert rows_ops.op_bytes("gather", 5, 8, 1, 4) == 2 * 5 * 8 * 4 + 5 * 4
     with pytest.raises(ValueError, match="op: expected one of"):
-        bench.op_bytes("copy", T, D, k, 2)
+        rows_ops.op_bytes("copy", T, D, k, 2)
 
 
 @pytest.mark.parametrize("dt", ["bf16", "fp32"])
-@pytest.mark.parametrize("op", bench.OPS)
+@pytest.mark.parametrize("op", rows_ops.OPS)
 def test_op_bytes_are_the_tensors_the_op_touches(op, dt):
     """The formula against the nbytes of the op's actual operands and output (each read or
     written once), plus scatter's int32 [R] scratch, zeroed and written."""
     T, D, k = 12, 16, 4
-    R, dtype = T * k, bench.DTYPES[dt]
-    idx = bench.routing_indices(T, k, seed=3)
+    R, dtype = T * k, rows_ops.DTYPES[dt]
+    idx = rows_ops.routing_indices(T, k, seed=3)
     y = torch.randn(R, D, dtype=dtype)
     x = torch.randn(T, D, dtype=dtype)
     w = torch.rand(T, k)
     if op == "combine":
-        out = bench.gather_sum(y, idx.inverse, w)
+        out = rows_ops.gather_sum(y, idx.inverse, w)
         touched = y.nbytes + idx.inverse.nbytes + w.nbytes + out.nbytes
     elif op == "sum":
-        out = bench.gather_sum(y, idx.inverse, None)
+        out = rows_ops.gather_sum(y, idx.inverse, None)
         touched = y.nbytes + idx.inverse.nbytes + out.nbytes
     elif op == "gather":
-        out = bench.gather_sum(x, idx.src.view(-1, 1), None)
+        out = rows_ops.gather_sum(x, idx.src.view(-1, 1), None)
         touched = R * D * x.element_size() + idx.src.nbytes + out.nbytes  # R rows of x read
     else:
-        out = bench.scatter_rows(x, idx.inverse, None, R)
+        out = rows_ops.scatter_rows(x, idx.inverse, None, R)
         scratch = torch.empty(R, dtype=torch.int32)
         touched = R * D * x.element_size() + idx.inverse.nbytes + out.nbytes + 2 * scratch.nbytes
     assert idx.src.dtype == idx.inverse.dtype == torch.int32
-    assert bench.op_bytes(op, T, D, k, bench.ELEMENT_SIZE[dt]) == touched
+    assert rows_ops.op_bytes(op, T, D, k, rows_ops.ELEMENT_SIZE[dt]) == touched
 
 
 def test_largest_and_alloc_bytes():
-    assert bench.largest_bytes(4096, 2048, 8, 2) == 4096 * 8 * 2048 * 2
-    assert bench.largest_bytes(4096, 2048, 1, 4) == 4096 * 2048 * 4
-    for op in bench.OPS:
+    assert rows_ops.largest_bytes(4096, 2048, 8, 2) == 4096 * 8 * 2048 * 2
+    assert rows_ops.largest_bytes(4096, 2048, 1, 4) == 4096 * 2048 * 4
+    for op in rows_ops.OPS:
         for T, D, k, es in ((256, 768, 1, 2), (4096, 7168, 8, 2), (4096, 2048, 8, 4)):
-            a = bench.alloc_bytes(op, T, D, k, es)
+            a = rows_ops.alloc_bytes(op, T, D, k, es)
             # at least inputs, groupmm's and torch's outputs and the copy buffers
-            assert a >= bench.largest_bytes(T, D, k, es) + bench.op_bytes(op, T, D, k, es)
+            assert a >= rows_ops.largest_bytes(T, D, k, es) + rows_ops.op_bytes(op, T, D, k, es)
     # combine's float32 temporaries make it the largest of a shape
-    a = {op: bench.alloc_bytes(op, 4096, 2048, 8, 2) for op in bench.OPS}
+    a = {op: rows_ops.alloc_bytes(op, 4096, 2048, 8, 2) for op in rows_ops.OPS}
     assert max(a, key=a.get) == "combine"
 
 
@@ -92,7 +96,7 @@ def _skips_by_hand(max_gib):
     """The (dtype, T, D, k) shapes whose [R, D] exceeds max_gib GiB, by brute force."""
     out = set()
     for dt, ds, ks, ts in (
-        ("bf16", bench.DIMS, bench.TOPK, bench.TOKENS),
+        ("bf16", rows_ops.DIMS, rows_ops.TOPK, rows_ops.TOKENS),
         ("fp16", (2048, 7168), (1, 8), (4096, 65536)),
         ("fp32", (2048, 7168), (1, 8), (4096, 65536)),
     ):
@@ -106,10 +110,10 @@ def _skips_by_hand(max_gib):
 
 
 def test_default_shape_list_and_max_gib_skips():
-    assert bench.DIMS == (768, 2048, 4096, 7168)
-    assert bench.TOPK == (1, 2, 4, 8, 16)
-    assert bench.TOKENS == (256, 4096, 16384, 65536)
-    rows, skipped = bench.plan_rows()
+    assert rows_ops.DIMS == (768, 2048, 4096, 7168)
+    assert rows_ops.TOPK == (1, 2, 4, 8, 16)
+    assert rows_ops.TOKENS == (256, 4096, 16384, 65536)
+    rows, skipped = rows_ops.plan_rows()
     # bf16: 4 x 5 x 4 = 80 shapes; fp16, fp32: 2 x 2 x 2 = 8 each
     # over 3 GiB: bf16 T=65536 (k 16: D 2048, 4096, 7168; k 8: 4096, 7168; k 4: 7168),
     # bf16 T=16384 k=16 D=7168; fp16 T=65536 k=8 D=7168; fp32 T=65536 k=8 D=2048, 7168
@@ -136,12 +140,12 @@ def test_default_shape_list_and_max_gib_skips():
     assert len(rows) == 4 * (80 + 8 + 8 - 10) == 344
     shapes = {(r["dtype"], r["T"], r["D"], r["k"]) for r in rows}
     assert len(shapes) == 86 and not shapes & want_skip
-    by_dt = {dt: sum(1 for s in shapes if s[0] == dt) for dt in bench.DTYPES}
+    by_dt = {dt: sum(1 for s in shapes if s[0] == dt) for dt in rows_ops.DTYPES}
     assert by_dt == {"bf16": 73, "fp16": 7, "fp32": 6}
     # every op on every shape, gather for k = 1 too
     for s in shapes:
         ops = [r["op"] for r in rows if (r["dtype"], r["T"], r["D"], r["k"]) == s]
-        assert ops == list(bench.OPS)
+        assert ops == list(rows_ops.OPS)
     assert any(r["op"] == "gather" and r["k"] == 1 for r in rows)
     # fields
     r = next(
@@ -150,19 +154,19 @@ def test_default_shape_list_and_max_gib_skips():
         if (r["op"], r["dtype"], r["T"], r["D"], r["k"]) == ("sum", "bf16", 4096, 2048, 8)
     )
     assert (r["R"], r["E"]) == (32768, 128)
-    assert r["bytes"] == bench.op_bytes("sum", 4096, 2048, 8, 2)
+    assert r["bytes"] == rows_ops.op_bytes("sum", 4096, 2048, 8, 2)
     assert r["largest_bytes"] == 32768 * 2048 * 2
-    assert r["alloc_bytes"] == bench.alloc_bytes("sum", 4096, 2048, 8, 2)
+    assert r["alloc_bytes"] == rows_ops.alloc_bytes("sum", 4096, 2048, 8, 2)
     # order: per dtype, T, k, D, op
     first = [(r["dtype"], r["T"], r["k"], r["D"], r["op"]) for r in rows[:9]]
-    assert first[:5] == [("bf16", 256, 1, 768, op) for op in bench.OPS] + [
+    assert first[:5] == [("bf16", 256, 1, 768, op) for op in rows_ops.OPS] + [
         ("bf16", 256, 1, 2048, "combine")
     ]
 
 
 @pytest.mark.parametrize("max_gib", [0.25, 1.0, 3.0, 100.0])
 def test_max_gib_skips_match_brute_force(max_gib):
-    rows, skipped = bench.plan_rows(max_gib=max_gib)
+    rows, skipped = rows_ops.plan_rows(max_gib=max_gib)
     want = _skips_by_hand(max_gib)
     assert len(skipped) == len(want)
     assert len(rows) == 4 * (96 - len(want))
@@ -173,7 +177,7 @@ def test_max_gib_skips_match_brute_force(max_gib):
 
 def test_plan_options():
     # explicit lists apply to every dtype; op and dtype selection
-    rows, skipped = bench.plan_rows(
+    rows, skipped = rows_ops.plan_rows(
         ops=("gather",), dtypes=("fp32", "bf16"), dims=[768], topk=[2], tokens=[256, 4096]
     )
     assert [(r["dtype"], r["T"]) for r in rows] == [
@@ -184,16 +188,16 @@ def test_plan_options():
     ]
     assert skipped == [] and {r["op"] for r in rows} == {"gather"}
     # fp16 alone by default: the subset
-    rows, _ = bench.plan_rows(dtypes=("fp16",))
+    rows, _ = rows_ops.plan_rows(dtypes=("fp16",))
     assert {r["D"] for r in rows} == {2048, 7168} and {r["k"] for r in rows} == {1, 8}
     assert {r["T"] for r in rows} == {4096, 65536}
     # --quick: the QUICK shapes of the chosen dtypes, each under 3 GiB
-    rows, skipped = bench.plan_rows(quick=True)
+    rows, skipped = rows_ops.plan_rows(quick=True)
     assert skipped == [] and 5 <= len(rows) // 4 <= 15
-    assert len(rows) == 4 * len(bench.QUICK)
-    rows, _ = bench.plan_rows(dtypes=("fp32",), quick=True)
+    assert len(rows) == 4 * len(rows_ops.QUICK)
+    rows, _ = rows_ops.plan_rows(dtypes=("fp32",), quick=True)
     assert {r["dtype"] for r in rows} == {"fp32"} and rows
-    assert bench.num_experts(8) == 128 and bench.num_experts(200) == 200
+    assert rows_ops.num_experts(8) == 128 and rows_ops.num_experts(200) == 200
 
 
 # ---------------------------------------------------------------------- routing
@@ -201,7 +205,7 @@ def test_plan_options():
 
 @pytest.mark.parametrize("T,k", [(64, 1), (50, 4), (33, 16), (300, 8), (10, 130)])
 def test_routing_indices(T, k):
-    idx = bench.routing_indices(T, k, seed=5)
+    idx = rows_ops.routing_indices(T, k, seed=5)
     R, E = T * k, max(k, 128)
     assert idx.num_experts == E
     assert idx.src.dtype == torch.int32 and idx.src.shape == (R,)
@@ -224,9 +228,9 @@ def test_routing_indices(T, k):
 
 
 def test_routing_is_seeded_and_uniform():
-    a = bench.routing_indices(4096, 8, seed=1)
-    b = bench.routing_indices(4096, 8, seed=1)
-    c = bench.routing_indices(4096, 8, seed=2)
+    a = rows_ops.routing_indices(4096, 8, seed=1)
+    b = rows_ops.routing_indices(4096, 8, seed=1)
+    c = rows_ops.routing_indices(4096, 8, seed=2)
     assert all(torch.equal(u, v) for u, v in zip(a[:3], b[:3]))
     assert not torch.equal(a.expert_ids, c.expert_ids)
     # uniform over 128 experts: 256 copies each on average (binomial sd ~16)
@@ -238,24 +242,24 @@ def test_routing_is_seeded_and_uniform():
 
 
 @pytest.mark.parametrize("dt", ["bf16", "fp16", "fp32"])
-@pytest.mark.parametrize("op", bench.OPS)
+@pytest.mark.parametrize("op", rows_ops.OPS)
 def test_groupmm_and_torch_equivalents_agree_on_cpu(op, dt):
     T, D, k = 20, 24, 3
-    idx = bench.routing_indices(T, k, seed=4)
-    gm, tc = bench.build_op(op, T, D, k, bench.DTYPES[dt], idx, "cpu", seed=1)
+    idx = rows_ops.routing_indices(T, k, seed=4)
+    gm, tc = rows_ops.build_op(op, T, D, k, rows_ops.DTYPES[dt], idx, "cpu", seed=1)
     got, want = gm(), tc()
-    chk = bench.check(op, dt, got, want)
+    chk = rows_ops.check(op, dt, got, want)
     assert chk["ok"] is True, chk
-    if op in bench.EXACT:
+    if op in rows_ops.EXACT:
         assert chk["how"] == "exact" and torch.equal(got, want)
     shape = (T, D) if op in ("combine", "sum") else (T * k, D)
-    assert got.shape == want.shape == shape and want.dtype == bench.DTYPES[dt]
+    assert got.shape == want.shape == shape and want.dtype == rows_ops.DTYPES[dt]
 
 
 def test_torch_equivalents_against_float64_loops():
     T, D, k = 9, 5, 4
     R = T * k
-    idx = bench.routing_indices(T, k, seed=6)
+    idx = rows_ops.routing_indices(T, k, seed=6)
     inv, src = idx.inverse, idx.src
     torch.manual_seed(0)
     y = torch.randn(R, D, dtype=torch.float64)
@@ -272,36 +276,36 @@ def test_torch_equivalents_against_float64_loops():
             scat[int(inv[t, j])] = x[t]
     gath = torch.stack([x[int(s)] for s in src])
     # torch_combine computes in float32 (.float()), the others keep float64
-    assert torch.allclose(bench.torch_combine(y, inv, w.float()), comb, rtol=1e-5, atol=1e-6)
-    assert torch.allclose(bench.torch_sum(y, inv), sm)
-    assert torch.equal(bench.torch_gather(x, src), gath)
-    assert torch.equal(bench.torch_scatter(x, inv, R), scat)
+    assert torch.allclose(rows_ops.torch_combine(y, inv, w.float()), comb, rtol=1e-5, atol=1e-6)
+    assert torch.allclose(rows_ops.torch_sum(y, inv), sm)
+    assert torch.equal(rows_ops.torch_gather(x, src), gath)
+    assert torch.equal(rows_ops.torch_scatter(x, inv, R), scat)
 
 
 def test_check_flags_mismatches():
     a = torch.randn(16, 8, dtype=BF16)
-    assert bench.check("gather", "bf16", a, a.clone())["ok"] is True
+    assert rows_ops.check("gather", "bf16", a, a.clone())["ok"] is True
     b = a.clone()
     b[3, 2] += 0.05  # one element: exact ops fail, the rel-err check passes
-    c = bench.check("scatter", "bf16", b, a)
+    c = rows_ops.check("scatter", "bf16", b, a)
     assert c["ok"] is False and c["how"] == "exact" and c["err"] > 0
-    assert bench.check("sum", "bf16", b, a)["ok"] is True
-    bad = bench.check("combine", "bf16", (a.float() * 1.1).to(BF16), a)
+    assert rows_ops.check("sum", "bf16", b, a)["ok"] is True
+    bad = rows_ops.check("combine", "bf16", (a.float() * 1.1).to(BF16), a)
     assert bad["ok"] is False and bad["err"] == pytest.approx(0.1, rel=0.05)
-    assert bench.check("combine", "fp32", a.float() * (1 + 1e-4), a.float())["ok"] is False
-    assert bench.check("gather", "bf16", a[:4], a)["ok"] is False  # shape
-    assert bench.check("gather", "bf16", a.float(), a)["ok"] is False  # dtype
+    assert rows_ops.check("combine", "fp32", a.float() * (1 + 1e-4), a.float())["ok"] is False
+    assert rows_ops.check("gather", "bf16", a[:4], a)["ok"] is False  # shape
+    assert rows_ops.check("gather", "bf16", a.float(), a)["ok"] is False  # dtype
 
 
 def test_rel_diff_in_slices(monkeypatch):
     torch.manual_seed(0)
     a, b = torch.randn(7, 5), torch.randn(7, 5)
     want = float((a - b).norm() / b.norm())
-    assert bench.rel_diff(a, b) == pytest.approx(want, rel=1e-6)
-    monkeypatch.setattr(bench, "_CHUNK", 6)  # one row of 5 at a time
-    assert bench.rel_diff(a, b) == pytest.approx(want, rel=1e-6)
-    assert bench.rel_diff(b, b) == 0.0
-    assert bench.rel_diff(a, torch.zeros_like(a)) == math.inf
+    assert report.rel_diff(a, b) == pytest.approx(want, rel=1e-6)
+    monkeypatch.setattr(report, "_CHUNK", 6)  # one row of 5 at a time
+    assert report.rel_diff(a, b) == pytest.approx(want, rel=1e-6)
+    assert report.rel_diff(b, b) == 0.0
+    assert report.rel_diff(a, torch.zeros_like(a)) == math.inf
 
 
 # ---------------------------------------------------------------------- rows and rendering
@@ -326,10 +330,10 @@ def _timed(ms, rounds=3):
 
 
 def _row(op="combine", dt="bf16", T=4096, D=2048, k=8, g=1.0, c=0.9, t=3.0, ok=True, err=1e-3):
-    plan, _ = bench.plan_rows(ops=(op,), dtypes=(dt,), dims=[D], topk=[k], tokens=[T])
+    plan, _ = rows_ops.plan_rows(ops=(op,), dtypes=(dt,), dims=[D], topk=[k], tokens=[T])
     timed = {n: _timed(v) for n, v in (("groupmm", g), ("torch", t), ("copy", c)) if v}
     chk = {"ok": ok, "err": err, "how": "rel err < 0.01"}
-    return bench.make_row(dict(plan[0], lead_ms=0.1), timed, chk)
+    return rows_report.make_row(dict(plan[0], lead_ms=0.1), timed, chk)
 
 
 def _doc(rows, **kw):
@@ -363,11 +367,13 @@ def test_make_row_figures():
     assert r["paired"]["frac_copy"]["min"] == pytest.approx(0.9)
     assert r["paired"]["speed_torch"]["max"] == pytest.approx(2.5)
     assert r["ok"] is True and r["check_err"] == 1e-3 and r["errors"] == {}
-    assert set(r["samples_ms"]) == set(bench.IMPLS)
+    assert set(r["samples_ms"]) == set(rows_report.IMPLS)
     # groupmm failed in round_robin: no figure, the error kept, torch and copy still there
-    plan, _ = bench.plan_rows(ops=("gather",), dtypes=("bf16",), dims=[768], topk=[1], tokens=[256])
+    plan, _ = rows_ops.plan_rows(
+        ops=("gather",), dtypes=("bf16",), dims=[768], topk=[1], tokens=[256]
+    )
     timed = {"groupmm": {"ms": None, "error": "RuntimeError: boom"}, "copy": _timed(0.5)}
-    r = bench.make_row(plan[0], timed, None, {"torch": "RuntimeError: no"})
+    r = rows_report.make_row(plan[0], timed, None, {"torch": "RuntimeError: no"})
     assert r["frac_copy"] is None and r["speed_torch"] is None and r["ok"] is None
     assert r["errors"] == {"groupmm": "RuntimeError: boom", "torch": "RuntimeError: no"}
     assert r["gbps"]["copy"] and r["gbps"]["groupmm"] is None
@@ -381,7 +387,7 @@ def test_summary_and_markdown_flag_rows_below_085():
         _row("gather", k=1, g=1.0, c=0.90, t=1.1),
         _row("scatter", g=1.0, c=0.86, ok=False, err=0.5),
     ]
-    s = bench.summarize(rows)
+    s = rows_report.summarize(rows)
     comb = s["ops"]["combine"]
     assert comb["n"] == 2 and comb["min"] == pytest.approx(0.70)
     assert comb["geomean"] == pytest.approx(math.sqrt(0.95 * 0.70))
@@ -389,7 +395,7 @@ def test_summary_and_markdown_flag_rows_below_085():
     assert comb["below"] == ["combine bf16 T=16384 D=2048 k=8"]
     assert s["ops"]["gather"]["below"] == [] and "sum" not in s["ops"]
     assert s["mismatch"] == ["scatter bf16 T=4096 D=2048 k=8"]
-    lines = bench.summary_lines(rows)
+    lines = rows_report.summary_lines(rows)
     assert lines[0] == (
         "combine: groupmm / copy min 0.70 (combine bf16 T=16384 D=2048 k=8), geomean 0.82, "
         "1 of 2 rows below 0.85; groupmm speed / torch geomean 3.00"
@@ -399,13 +405,13 @@ def test_summary_and_markdown_flag_rows_below_085():
     )
     assert lines[-1].startswith("MISMATCH: groupmm differs from torch on 1 of 4 checked rows")
 
-    md = bench.render_md(_doc(rows))
+    md = rows_report.render_md(_doc(rows))
     assert md.startswith(
         "**device NVIDIA H100 80GB HBM3 (sm_90, L2 50 MiB); torch 2.9.0, CUDA 12.8**"
     )
     assert "groupmm build_info: version 0.1.0, cuda True" in md
     assert "python3 benches/bench_rows.py --quick\n" in md
-    assert bench.TABLE_HEAD in md
+    assert rows_report.TABLE_HEAD in md
     body = [ln for ln in md.splitlines() if ln.startswith("| ") and "---" not in ln][1:]
     assert len(body) == 4
     # table order: by op, then dtype, T, D, k
@@ -430,23 +436,23 @@ def test_summary_and_markdown_flag_rows_below_085():
     assert "- scatter bf16 T=4096 D=2048 k=8: rel err < 0.01, error 5.00e-01" in md
     assert "1 of 2 rows below 0.85" in md
     # progress line
-    line = bench.format_row(rows[1], _doc(rows))
+    line = rows_report.format_row(rows[1], _doc(rows))
     assert "groupmm / copy 0.70 (below 0.85)" in line and line.endswith("| ok")
-    assert bench.format_row(rows[3]).endswith("| MISMATCH")
-    assert "(in L2)" in bench.format_row(rows[2], _doc(rows))
+    assert rows_report.format_row(rows[3]).endswith("| MISMATCH")
+    assert "(in L2)" in rows_report.format_row(rows[2], _doc(rows))
 
 
 def test_markdown_of_errors_skips_and_incomplete_runs():
-    plan, _ = bench.plan_rows(ops=("sum",), dtypes=("fp16",), dims=[768], topk=[2], tokens=[256])
-    r = bench.make_row(plan[0], {"copy": _timed(0.1)}, None, {"groupmm": "RuntimeError: x"})
+    plan, _ = rows_ops.plan_rows(ops=("sum",), dtypes=("fp16",), dims=[768], topk=[2], tokens=[256])
+    r = rows_report.make_row(plan[0], {"copy": _timed(0.1)}, None, {"groupmm": "RuntimeError: x"})
     doc = _doc([r], complete=False, skipped=[{"row": "bf16 T=65536 D=7168 k=16", "why": "big"}])
-    md = bench.render_md(doc)
+    md = rows_report.render_md(doc)
     assert "*(incomplete run: the rows measured so far)*" in md
     assert "- groupmm: RuntimeError: x (sum fp16 T=256 D=768 k=2)" in md
     assert "skipped: bf16 T=65536 D=7168 k=16 (big)" in md
     assert "| sum | fp16 | 256 | 768 | 2 |" in md and "| - | " in md
     # no rows at all renders
-    assert bench.TABLE_HEAD in bench.render_md(_doc([]))
+    assert rows_report.TABLE_HEAD in rows_report.render_md(_doc([]))
 
 
 # ---------------------------------------------------------------------- --dry-run, --from-json
@@ -465,7 +471,7 @@ def test_dry_run_through_main(capsys):
     assert 20 < est < 1200
     assert bench.main(["--dry-run", "--quick", "--ops", "gather,scatter", "--dtypes", "bf16"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
-    n = sum(1 for s in bench.QUICK if s[0] == "bf16")
+    n = sum(1 for s in rows_ops.QUICK if s[0] == "bf16")
     assert len(out) == 2 * n + 1 and out[-1].startswith(f"{2 * n} rows (0 shapes skipped")
     assert bench.main(["--dry-run", "--max-gib", "100", "--rounds", "9"]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("384 rows (0 shapes")
@@ -473,11 +479,11 @@ def test_dry_run_through_main(capsys):
     assert (args.rounds, args.max_gib, args.ops, args.dtypes) == (
         5,
         3.0,
-        list(bench.OPS),
+        list(rows_ops.OPS),
         ["bf16", "fp16", "fp32"],
     )
-    more = bench.estimate_s(bench.plan_rows()[0], bench.parse_args(["--rounds", "20"]))
-    assert more > bench.estimate_s(bench.plan_rows()[0], args)
+    more = bench.estimate_s(rows_ops.plan_rows()[0], bench.parse_args(["--rounds", "20"]))
+    assert more > bench.estimate_s(rows_ops.plan_rows()[0], args)
     for bad in (["--ops", "copy"], ["--dtypes", "fp8"], ["--dims", "x"], ["--topk", "0"]):
         with pytest.raises(SystemExit):
             bench.parse_args(bad)
@@ -499,7 +505,7 @@ def test_from_json_merges_two_files(tmp_path, capsys):
         complete=False,
         device="NVIDIA H200",
     )
-    m = bench.merge_docs([a, b])
+    m = rows_report.merge_docs([a, b])
     assert [(r["op"], r["frac_copy"]) for r in m["rows"]] == [
         ("combine", pytest.approx(0.9)),
         ("sum", pytest.approx(0.88)),
@@ -509,7 +515,7 @@ def test_from_json_merges_two_files(tmp_path, capsys):
     assert m["runs"] == [["--ops", "combine,sum"], ["--ops", "gather,sum"]]
     assert m["complete"] is False and m["merged_differ"] == ["device"]
     assert m["summary"]["ops"]["sum"]["below"] == []
-    assert bench.merge_docs([a]) is a
+    assert rows_report.merge_docs([a]) is a
     for name, d in (("a", a), ("b", b)):
         (tmp_path / f"{name}.json").write_text(json.dumps(d))
     files = f"{tmp_path / 'a.json'},{tmp_path / 'b.json'}"
@@ -518,12 +524,12 @@ def test_from_json_merges_two_files(tmp_path, capsys):
     merged = json.loads(out.read_text())
     assert len(merged["rows"]) == 3 and len(merged["runs"]) == 2
     text = md.read_text()
-    assert text == bench.render_md(merged)
+    assert text == rows_report.render_md(merged)
     assert "python3 benches/bench_rows.py --ops combine,sum\n" in text
     assert "python3 benches/bench_rows.py --ops gather,sum\n" in text
     assert "merged runs differ in: device" in text
     printed = capsys.readouterr().out
-    assert bench.TABLE_HEAD in printed and "sum: groupmm / copy min 0.88" in printed
+    assert rows_report.TABLE_HEAD in printed and "sum: groupmm / copy min 0.88" in printed
     # one file renders as it is
     assert bench.main(["--from-json", str(tmp_path / "a.json"), "--md", str(md)]) == 0
     assert "| **0.50** (0.50–0.50) |" in md.read_text()
@@ -581,21 +587,21 @@ def test_main_end_to_end_on_a_fake_gpu(monkeypatch, tmp_path, capsys):
     assert doc["timer"]["rounds"] == 2 and doc["skipped"] == []
     assert len(doc["rows"]) == n
     for r in doc["rows"]:
-        assert r["ok"] is True, (bench.label(r), r["check_how"], r["check_err"])
-        assert all(r["ms"][k] for k in bench.IMPLS), r["errors"]
+        assert r["ok"] is True, (rows_ops.label(r), r["check_how"], r["check_err"])
+        assert all(r["ms"][k] for k in rows_report.IMPLS), r["errors"]
         assert len(r["samples_ms"]["groupmm"]) == 2
         assert r["frac_copy"] == pytest.approx(r["ms"]["copy"] / r["ms"]["groupmm"])
         assert r["check_how"] == (
             "exact"
-            if r["op"] in bench.EXACT
+            if r["op"] in rows_ops.EXACT
             else "rel err < " + {"bf16": "0.01", "fp32": "1e-05"}[r["dtype"]]
         )
     md = (tmp_path / "r.md").read_text()
-    assert "device Fake GPU (sm_90, L2 50 MiB)" in md and bench.TABLE_HEAD in md
+    assert "device Fake GPU (sm_90, L2 50 MiB)" in md and rows_report.TABLE_HEAD in md
     assert f"check: groupmm equals torch's equivalent on all {n} rows" in md
     printed = capsys.readouterr().out
     assert f"[{n:3}/{n}" in printed and "MISMATCH" not in printed
-    assert bench.TABLE_HEAD in printed and "scatter: groupmm / copy min" in printed
+    assert rows_report.TABLE_HEAD in printed and "scatter: groupmm / copy min" in printed
 
     # a spent budget: no row starts, each listed as skipped, the files still written
     assert bench.main(argv + ["--budget-s", "1e-9"]) == 0
@@ -613,7 +619,7 @@ def test_main_reports_a_mismatch_loudly(monkeypatch, tmp_path, capsys):
     def wrong_gather(x, src):
         return x.index_select(0, src.flip(0))
 
-    monkeypatch.setattr(bench, "torch_gather", wrong_gather)
+    monkeypatch.setattr(rows_ops, "torch_gather", wrong_gather)
     out = tmp_path / "r.json"
     argv = ["--dims", "32", "--topk", "2", "--tokens", "16", "--dtypes", "bf16"] + FAST
     assert bench.main(argv + ["--ops", "gather,sum", "--json", str(out)]) == 0

@@ -1,6 +1,7 @@
 """The benches' round-robin timer and bench_gpu.py's pure parts, on the CPU.
 
-``benches/timing.py`` and ``benches/bench_gpu.py`` are loaded by path. The timer's CUDA
+``benches/timing.py``, ``benches/bench_gpu.py`` and the modules it is made of
+(``gpu_shapes``, ``gpu_report``, ``gpu_run``) are loaded from benches/. The timer's CUDA
 calls (events, the spin kernel, synchronize) are replaced by a virtual GPU clock, so the
 order of the samples, the calls per sample, the spin before each sample and the statistics
 are checked against hand-computed values without a GPU.
@@ -17,6 +18,10 @@ import torch
 from conftest import WallClockEvent, load_bench
 
 timing = load_bench("timing")
+report = load_bench("report")
+shapes = load_bench("gpu_shapes")
+gpu_report = load_bench("gpu_report")
+gpu_run = load_bench("gpu_run")
 bench = load_bench("bench_gpu")
 
 
@@ -199,11 +204,11 @@ def test_round_robin_isolated_is_one_call_per_sample_without_spin(monkeypatch):
 
 
 def test_shape_table_classes_and_selection():
-    specs = bench.SPECS
-    assert len(specs) > 7 and set(bench.LEGACY) <= set(specs)
+    specs = shapes.SPECS
+    assert len(specs) > 7 and set(shapes.LEGACY) <= set(specs)
     for k, s in specs.items():
-        assert bench.SHAPES[k] == (s.E, s.K, s.N, s.T)
-        cls = bench.row_class(s.E, s.T, s.decode)
+        assert shapes.SHAPES[k] == (s.E, s.K, s.N, s.T)
+        cls = shapes.row_class(s.E, s.T, s.decode)
         if s.decode:
             assert cls == "decode" and 256 <= s.T <= 512 and 32 <= s.E <= 128
         else:
@@ -217,27 +222,29 @@ def test_shape_table_classes_and_selection():
     assert specs["gpt-oss-up"][:3] == (32, 2880, 5760)
     assert specs["dsv2-up"][:3] == (160, 5120, 3072)
     assert specs["gpt-oss-up"].T / 32 == 512 and specs["gpt-oss-up-8k"].T / 32 == 1024
-    classes = {bench.row_class(s.E, s.T, s.decode) for s in specs.values()}
+    classes = {shapes.row_class(s.E, s.T, s.decode) for s in specs.values()}
     assert classes == {"fine", "larger", "decode"}
     # groups, in table order (fine first), each once
-    fine = bench.select_shapes("fine")
+    fine = shapes.select_shapes("fine")
     assert fine[0] == "qwen3-up" and all(not specs[k].decode for k in fine)
-    assert bench.select_shapes("small64,legacy,small64") == [k for k in specs if k in bench.LEGACY]
-    assert bench.select_shapes("all") == list(specs)
+    assert shapes.select_shapes("small64,legacy,small64") == [
+        k for k in specs if k in shapes.LEGACY
+    ]
+    assert shapes.select_shapes("all") == list(specs)
     with pytest.raises(SystemExit):
-        bench.select_shapes("no-such-shape")
+        shapes.select_shapes("no-such-shape")
     # --quick divides all but decode sizes by 8
-    assert bench.effective_T(specs["qwen3-up"], True) == 4096
-    assert bench.effective_T(specs["olmoe-up-dec"], True) == 256
+    assert shapes.effective_T(specs["qwen3-up"], True) == 4096
+    assert shapes.effective_T(specs["olmoe-up-dec"], True) == 256
 
 
 def test_counts_sum_and_empty_experts():
     for routing, empty in (("uniform", 0), ("zipf12", 128 // 8), ("skewed", 128 // 16)):
-        c = bench.counts_for(128, 512, routing)
+        c = shapes.counts_for(128, 512, routing)
         assert len(c) == 128 and sum(c) == 512 and all(v >= 0 for v in c)
         if empty:
             assert sum(v == 0 for v in c) >= empty
-    assert bench.counts_for(8, 100, "uniform") == [16] + [12] * 7
+    assert shapes.counts_for(8, 100, "uniform") == [16] + [12] * 7
 
 
 def _timed(ms, samples=None):
@@ -265,7 +272,7 @@ def _row(shape="qwen3-up", cls="fine", g=1.0, q=1.2, t=1.5, routing="uniform", p
         "dense": {"ms": None, "error": "RuntimeError: no"},
     }
     quack = {"config": "128x128 pp 1x1", "select": {"128x128 pp 1x1": q}}
-    return bench.make_row(base, timed, 0.8, 2e12, quack)
+    return gpu_report.make_row(base, timed, 0.8, 2e12, quack)
 
 
 def test_make_row_ratios_roofline_and_errors():
@@ -291,7 +298,7 @@ def test_class_summary_against_issue_20_targets():
         _row("qwen3-30b-up-16k", "larger", g=1.0, q=0.9, t=0.95),
         _row("olmoe-up-dec", "decode", g=1.0, q=1.0, t=1.3),
     ]
-    summ = {e["class"]: e for e in bench.class_summary(rows)}
+    summ = {e["class"]: e for e in gpu_report.class_summary(rows)}
     fine = summ["fine"]
     assert fine["rows"] == 2
     assert fine["stats"]["vs_quack"]["geomean"] == pytest.approx(math.sqrt(1.3 * 1.1))
@@ -305,7 +312,7 @@ def test_class_summary_against_issue_20_targets():
     larger = summ["larger"]["targets"]
     assert larger == [{"what": "vs torch min", "target": 1.0, "value": 0.95, "met": False}]
     assert summ["decode"]["targets"][0]["met"] is True
-    text = bench.summary(rows)
+    text = gpu_report.summary(rows)
     assert "fine-grained (2 rows)" in text and "geomean" in text and "NOT met" in text
 
 
@@ -315,7 +322,7 @@ def test_old_json_rows_still_summarise():
     old = {"shape": "qwen3-up", "E": 128, "K": 2048, "N": 768, "T": 32768, "routing": "uniform"}
     old.update({"pass": "fwd", "tflops": {"groupmm": 500.0, "torch": 400.0, "quack": 550.0}})
     old["roofline"] = 0.7
-    ent = bench.class_summary([old])[0]
+    ent = gpu_report.class_summary([old])[0]
     assert ent["class"] == "fine"
     assert ent["stats"]["vs_quack"]["min"] == pytest.approx(500 / 550)
     assert ent["stats"]["vs_torch"]["min"] == pytest.approx(1.25)
@@ -339,7 +346,7 @@ def test_render_md_names_the_environment_and_every_row(tmp_path):
         "rows": rows,
         "host_us": {"groupmm fwd": 13.0},
     }
-    md = bench.render_md(doc)
+    md = gpu_report.render_md(doc)
     for s in (
         "NVIDIA H200",
         "torch 2.11.0+cu130",
@@ -357,22 +364,22 @@ def test_render_md_names_the_environment_and_every_row(tmp_path):
     assert len(table) == 2
     # groupmm 2000 TFLOP/s with its min-max over the rounds; vs quack with its paired range
     assert "2000 (1923–2041)" in table[0] and "1.20 (1.15–1.22)" in table[0]
-    lines = [bench.format_row(r) for r in rows]
+    lines = [gpu_report.format_row(r) for r in rows]
     assert all("vs quack 1.20" in ln for ln in lines)
     # the JSON round trip renders the same
     p = tmp_path / "r.json"
     p.write_text(json.dumps(doc))
-    assert bench.render_md(json.loads(p.read_text())) == md
+    assert gpu_report.render_md(json.loads(p.read_text())) == md
 
 
 def test_estimate_and_dry_run_fit_the_budget(capsys):
     args = bench.parse_args([])
     assert args.rounds == 7 and args.select_rounds == 3 and args.passes == "fwd,dX,dW"
-    plan = bench.plan_rows(
-        bench.select_shapes(args.shapes), ["fwd", "dX", "dW"], ["uniform", "zipf12"], False
+    plan = shapes.plan_rows(
+        shapes.select_shapes(args.shapes), ["fwd", "dX", "dW"], ["uniform", "zipf12"], False
     )
-    assert len(plan) == len(bench.SPECS) * 6
-    est = bench.estimate_s(plan, args, quack=True)
+    assert len(plan) == len(shapes.SPECS) * 6
+    est = shapes.estimate_s(plan, args, quack=True)
     assert est["rows"] == len(plan) and est["total_s"] < 360
     assert bench.main(["--dry-run", "--quick", "--shapes", "decode"]) == 0
     out = capsys.readouterr().out
@@ -442,12 +449,12 @@ def test_run_shape_end_to_end_on_the_cpu(monkeypatch):
             gmm = None
     args = bench.parse_args(["--rounds", "2", "--select-rounds", "1", "--max-calls", "2"])
     args.min_calls = 1
-    spec = bench.Spec(4, 32, 16, 64, "tiny", "up", 16, 4)
+    spec = shapes.Spec(4, 32, 16, 64, "tiny", "up", 16, 4)
     ceil = {"dense_flops": 1e9, "copy_bytes_per_s": 1e9}
     fq = FakeQuack()
     seen = []
     passes = ["fwd", "dX", "dW", "fwd+bwd"]
-    rows = bench.run_shape(
+    rows = gpu_run.run_shape(
         "tiny",
         spec,
         64,
@@ -466,7 +473,7 @@ def test_run_shape_end_to_end_on_the_cpu(monkeypatch):
     for r in rows:
         assert r["class"] == "fine" and r["rows_per_group"] == 16
         assert r["ms"]["groupmm"] > 0 and r["ms"]["dense"] > 0 and r["roofline"] > 0
-        assert r["bytes"] == bench.nbytes_for(r["pass"], 4, 32, 16, 64, 2)
+        assert r["bytes"] == shapes.nbytes_for(r["pass"], 4, 32, 16, 64, 2)
         if gmm is not None:
             assert r["vs_torch"] > 0
         if r["pass"] == "fwd+bwd":
@@ -509,10 +516,10 @@ def test_main_writes_json_md_png_and_honours_the_budget(monkeypatch, tmp_path, c
     )
     monkeypatch.setattr(bench, "host_cost", lambda torch_gmm: {"groupmm fwd": 1.0})
     specs = {
-        "tiny-a": bench.Spec(4, 32, 16, 64, "tiny", "up", 16, 4),
-        "tiny-dec": bench.Spec(4, 32, 16, 16, "tiny", "up", 4, 4, True),
+        "tiny-a": shapes.Spec(4, 32, 16, 64, "tiny", "up", 16, 4),
+        "tiny-dec": shapes.Spec(4, 32, 16, 16, "tiny", "up", 4, 4, True),
     }
-    monkeypatch.setattr(bench, "SPECS", specs)
+    monkeypatch.setattr(shapes, "SPECS", specs)
     out = tmp_path / "r"
     argv = ["--no-quack", "--rounds", "2", "--max-calls", "2", "--passes", "fwd,dW"]
     argv += ["--json", f"{out}.json", "--md", f"{out}.md", "--png", f"{out}.png"]
@@ -543,18 +550,18 @@ def test_main_writes_json_md_png_and_honours_the_budget(monkeypatch, tmp_path, c
 
 
 def test_load_docs_reads_a_comma_list_and_upgrades_each(tmp_path):
-    """--from-json's reader (timing.load_docs): every file of the comma list, in order,
+    """--from-json's reader (report.load_docs): every file of the comma list, in order,
     each through the upgrade function when one is given."""
     paths = []
     for i in range(3):
         path = tmp_path / f"r{i}.json"
         path.write_text(json.dumps({"rows": [i]}))
         paths.append(str(path))
-    assert timing.load_docs(",".join(paths)) == [{"rows": [0]}, {"rows": [1]}, {"rows": [2]}]
-    up = timing.load_docs(paths[1], lambda d: {**d, "upgraded": True})
+    assert report.load_docs(",".join(paths)) == [{"rows": [0]}, {"rows": [1]}, {"rows": [2]}]
+    up = report.load_docs(paths[1], lambda d: {**d, "upgraded": True})
     assert up == [{"rows": [1], "upgraded": True}]
     with pytest.raises(FileNotFoundError):
-        timing.load_docs(str(tmp_path / "missing.json"))
+        report.load_docs(str(tmp_path / "missing.json"))
 
 
 def test_rr_settings_takes_the_round_robin_arguments_a_command_line_has():

@@ -1,5 +1,6 @@
 """benches/profile_moe.py on the CPU: kernel categories, per-category sums, the row
-summaries, the markdown, argument parsing, and main()'s flow with the profiler, CUDA and
+summaries, the markdown (benches/profile_report.py), the byte budget
+(benches/moe_bytes.py), argument parsing, and main()'s flow with the profiler, CUDA and
 SonicMoE stood in for (the GPU run itself is the lead's)."""
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ import pytest
 import torch
 from conftest import load_bench
 
-timing = load_bench("timing")  # bench_moe imports it from its folder
-bench = load_bench("bench_moe")
+configs = load_bench("moe_configs")
+sonic = load_bench("peer_sonicmoe")
+moe_bytes = load_bench("moe_bytes")
+prof_report = load_bench("profile_report")
 prof = load_bench("profile_moe")
 
 # kernel names as the profiles show them (benches/results/*profile*.txt); SonicMoE's quack
@@ -124,16 +127,16 @@ CASES = [
 
 @pytest.mark.parametrize("name,cat", CASES)
 def test_classify(name, cat):
-    assert prof.classify(name) == cat
-    assert prof.classify(name.upper()) == cat  # case-insensitive
+    assert prof_report.classify(name) == cat
+    assert prof_report.classify(name.upper()) == cat  # case-insensitive
 
 
 def test_patterns_are_one_table_in_category_order():
     # matched in this order (gemm first, routing before rows), shown in CATEGORIES order
-    cats = [c for c, _ in prof.KERNEL_PATTERNS]
+    cats = [c for c, _ in prof_report.KERNEL_PATTERNS]
     assert cats == ["gemm", "routing", "rows", "elementwise"]
-    assert set(cats) | {"other"} == set(prof.CATEGORIES)
-    pats = [p for _, ps in prof.KERNEL_PATTERNS for p in ps]
+    assert set(cats) | {"other"} == set(prof_report.CATEGORIES)
+    pats = [p for _, ps in prof_report.KERNEL_PATTERNS for p in ps]
     assert all(p == p.lower() for p in pats)  # matched against the lower-cased name
     assert "cutlass" not in pats  # CuTe DSL names every kernel kernel_cutlass_*
 
@@ -154,7 +157,7 @@ EVENTS = [
 
 
 def test_kernel_table_per_step_longest_first():
-    ks = prof.kernel_table(EVENTS, steps=4)
+    ks = prof_report.kernel_table(EVENTS, steps=4)
     assert [k["name"] for k in ks] == [
         VARLEN,
         GATHER_SUM,
@@ -170,38 +173,40 @@ def test_kernel_table_per_step_longest_first():
     assert ks[3]["count"] == 1.5 and ks[3]["category"] == "elementwise"
     assert ks[0]["name"] == VARLEN  # whole, untruncated
     with pytest.raises(ValueError):
-        prof.kernel_table(EVENTS, steps=0)
+        prof_report.kernel_table(EVENTS, steps=0)
 
 
 def test_by_category_and_row_sums():
-    ks = prof.kernel_table(EVENTS, steps=4)
-    cats = prof.by_category(ks)
-    assert list(cats) == list(prof.CATEGORIES)
+    ks = prof_report.kernel_table(EVENTS, steps=4)
+    cats = prof_report.by_category(ks)
+    assert list(cats) == list(prof_report.CATEGORIES)
     assert cats["gemm"] == pytest.approx(1.75 + 0.025)
     assert cats["rows"] == pytest.approx(1.075 + 0.261)
     assert cats["routing"] == pytest.approx(0.03)
     assert cats["elementwise"] == pytest.approx(0.1)
     assert cats["other"] == pytest.approx(0.01)
-    row = prof.make_row("qwen3", 4096, "fused", ks, routing="router")
+    row = prof_report.make_row("qwen3", 4096, "fused", ks, routing="router")
     assert row["total_ms"] == pytest.approx(sum(e[1] for e in EVENTS) / 4e3)
     assert row["total_ms"] == pytest.approx(sum(cats.values()))
     assert row["routing"] == "router" and row["kernels"] == ks
-    assert prof.by_category([]) == dict.fromkeys(prof.CATEGORIES, 0.0)
+    assert prof_report.by_category([]) == dict.fromkeys(prof_report.CATEGORIES, 0.0)
 
 
 def test_summary_line_and_kernel_block():
-    row = prof.make_row("qwen3", 4096, "fused", prof.kernel_table(EVENTS, 4), routing="router")
-    assert prof.summary_line(row) == (
+    row = prof_report.make_row(
+        "qwen3", 4096, "fused", prof_report.kernel_table(EVENTS, 4), routing="router"
+    )
+    assert prof_report.summary_line(row) == (
         "qwen3 T=4096 fused: 3.251 ms = 1.775 gemm + 1.336 rows + 0.030 routing "
         "+ 0.100 elementwise + 0.010 other"
     )
-    lines = prof.kernel_block(row, top=3, width=40)
+    lines = prof_report.kernel_block(row, top=3, width=40)
     assert lines[0] == "== fused: qwen3 T=4096 router: 3.251 ms of kernels per step"
     assert lines[1] == f"   1.750 ms    2x  gemm        {VARLEN[:40]}"
     assert lines[2].startswith("   1.075 ms    4x  rows        void gmm::")
     assert lines[4] == "   0.165 ms in 4 more kernels"  # 0.1 + 0.03 + 0.025 + 0.01
     assert len(lines) == 5
-    lines = prof.kernel_block(row, top=22)
+    lines = prof_report.kernel_block(row, top=22)
     assert len(lines) == 8 and "   0.100 ms  1.5x  elementwise" in lines[4]
 
 
@@ -218,7 +223,7 @@ def _cat_row(config, T, impl, **ms):
         "other": "x",
     }
     ks = [{"name": names[c], "ms": v, "count": 1, "category": c} for c, v in ms.items()]
-    return prof.make_row(config, T, impl, ks, routing="router")
+    return prof_report.make_row(config, T, impl, ks, routing="router")
 
 
 def _doc(rows, **kw):
@@ -244,7 +249,7 @@ def test_render_md_fused_against_sonicmoe():
         _cat_row("olmoe", 4096, "fused", gemm=2.0, rows=0.25, elementwise=0.25),
     ]
     skipped = [{"config": "olmoe", "tokens": 4096, "impl": "sonicmoe", "why": "OOM"}]
-    md = prof.render_md(_doc(rows, skipped=skipped))
+    md = prof_report.render_md(_doc(rows, skipped=skipped))
     lines = md.splitlines()
     assert "Device: NVIDIA H200; torch 2.11.0+cu130; routing router" in md
     assert "`python3 benches/profile_moe.py --configs issue22 --md o.md`" in md
@@ -270,17 +275,19 @@ def test_render_md_fused_against_sonicmoe():
     assert pair_lines[0].startswith("| qwen3-30b-a3b | 16384 | 7.500")
     assert pair_lines[1].startswith("| olmoe | 4096 | 2.500")
     assert "SonicMoE not profiled" not in md
-    md = prof.render_md(_doc(rows[3:], sonicmoe_why="ModuleNotFoundError: No module named 'x'"))
+    md = prof_report.render_md(
+        _doc(rows[3:], sonicmoe_why="ModuleNotFoundError: No module named 'x'")
+    )
     assert "SonicMoE not profiled: ModuleNotFoundError: No module named 'x'" in md
 
 
 def test_gap_and_summary_lines():
     f = _cat_row("olmoe", 16384, "fused", gemm=7.0, rows=1.5, other=0.5)
     s = _cat_row("olmoe", 16384, "sonicmoe", gemm=7.5, rows=0.5)
-    total, g, ng = prof.gap(f, s)
+    total, g, ng = prof_report.gap(f, s)
     assert (total, g) == (pytest.approx(1.0), pytest.approx(-0.5)) and ng == pytest.approx(1.5)
-    assert prof.gap(f, None) is None and prof.gap(None, s) is None
-    lines = prof.summary_lines(_doc([f, s]))
+    assert prof_report.gap(f, None) is None and prof_report.gap(None, s) is None
+    lines = prof_report.summary_lines(_doc([f, s]))
     assert lines[0].startswith("olmoe T=16384 fused: 9.000 ms = 7.000 gemm + 1.500 rows")
     assert lines[1].startswith("olmoe T=16384 sonicmoe: 8.000 ms")
     assert (
@@ -336,7 +343,7 @@ SONIC = [
     ],
 )
 def test_byte_budget_qwen3_by_hand(gx, gy, fwd, bwd):
-    b = prof.byte_budget(QWEN3, 16384, 2, gather_x_in_gemm=gx, dy_in_gemm=gy)
+    b = moe_bytes.byte_budget(QWEN3, 16384, 2, gather_x_in_gemm=gx, dy_in_gemm=gy)
     assert b["R"] == 131072 and b["element_bytes"] == 2
     assert b["fused_switches"] == {"gather_x_in_gemm": gx, "dy_in_gemm": gy}
     gib = 2**30
@@ -352,14 +359,14 @@ def test_byte_budget_qwen3_by_hand(gx, gy, fwd, bwd):
         if not (gx and i in (1, 10)) and not (gy and i == 5)
     ]
     assert got == want
-    ff, fb, sf, sb, ratio = prof.budget_totals(b)
+    ff, fb, sf, sb, ratio = moe_bytes.budget_totals(b)
     assert (ff, fb, sf, sb) == (fwd, bwd, 2.25, 4.375)
     assert ratio == pytest.approx((fwd + bwd) / 6.625)
-    assert prof.budget_totals(None) == (None,) * 5
+    assert moe_bytes.budget_totals(None) == (None,) * 5
 
 
 def test_byte_budget_passes_and_sizes():
-    b = prof.byte_budget(QWEN3, 16384)
+    b = moe_bytes.byte_budget(QWEN3, 16384)
     names = [p["pass"] for p in b["fused"]["passes"]]
     assert names[0] == "gather x[src] (row kernel)" and len(names) == 11
     assert [p["phase"] for p in b["fused"]["passes"]] == ["fwd"] * 4 + ["bwd"] * 7
@@ -375,36 +382,36 @@ def test_byte_budget_passes_and_sizes():
     assert dw_in["pass"] == "dW_in GEMM in 2 column slabs"
     assert [t["tensor"] for t in dw_in["reads"]] == ["xs", "d_pre (slab 1)", "d_pre (slab 2)"]
     # in the GEMM: the rows are read through the index
-    b = prof.byte_budget(QWEN3, 16384, gather_x_in_gemm=True, dy_in_gemm=True)
+    b = moe_bytes.byte_budget(QWEN3, 16384, gather_x_in_gemm=True, dy_in_gemm=True)
     reads = {p["pass"]: [t["tensor"] for t in p["reads"]] for p in b["fused"]["passes"]}
     assert reads["up projection + SwiGLU GEMM"][0] == "x[src] (in the GEMM)"
     assert reads["dW_out GEMM"][1] == "d_out[src] (in the GEMM)"
     assert not any(p.startswith("gather") for p in reads)
     # the element size scales everything; D < 128: one slab (groupmm.fused._slabs)
-    b4 = prof.byte_budget(QWEN3, 16384, 4)
-    b2 = prof.byte_budget(QWEN3, 16384, 2)
+    b4 = moe_bytes.byte_budget(QWEN3, 16384, 4)
+    b2 = moe_bytes.byte_budget(QWEN3, 16384, 2)
     assert b4["fused"]["bwd"] == 2 * b2["fused"]["bwd"]
-    tiny = prof.byte_budget((64, 32, 8, 2), 32)
+    tiny = moe_bytes.byte_budget((64, 32, 8, 2), 32)
     assert tiny["fused"]["passes"][-1]["pass"] == "dW_in GEMM"
     assert tiny["fused"]["passes"][-1]["read_bytes"] == 64 * (64 + 64) * 2
-    assert prof.shape_bytes(("T", "D"), prof.dims(*QWEN3, 16), 2) == 0
-    assert prof.shape_bytes(("R", "2F"), prof.dims(*QWEN3, 16), 2) == 128 * 1536 * 2
+    assert moe_bytes.shape_bytes(("T", "D"), moe_bytes.dims(*QWEN3, 16), 2) == 0
+    assert moe_bytes.shape_bytes(("R", "2F"), moe_bytes.dims(*QWEN3, 16), 2) == 128 * 1536 * 2
 
 
 def test_pass_tables_are_declarative():
     for table in (
-        prof.fused_passes(),
-        prof.fused_passes(True, True, 1),
-        prof.SONICMOE_PASSES,
+        moe_bytes.fused_passes(),
+        moe_bytes.fused_passes(True, True, 1),
+        moe_bytes.SONICMOE_PASSES,
     ):
         phases = [p[0] for p in table]
         assert phases == sorted(phases, key=["fwd", "bwd"].index)  # forward, then backward
         for phase, name, reads, writes in table:
             assert phase in ("fwd", "bwd") and isinstance(name, str)
             for tensor, shape in (*reads, *writes):
-                assert isinstance(tensor, str) and set(shape) <= set(prof.DIMS)
-    assert len(prof.fused_passes()) == 11 and len(prof.fused_passes(True, False)) == 9
-    assert len(prof.fused_passes(False, True)) == 10 and len(prof.SONICMOE_PASSES) == 8
+                assert isinstance(tensor, str) and set(shape) <= set(moe_bytes.DIMS)
+    assert len(moe_bytes.fused_passes()) == 11 and len(moe_bytes.fused_passes(True, False)) == 9
+    assert len(moe_bytes.fused_passes(False, True)) == 10 and len(moe_bytes.SONICMOE_PASSES) == 8
 
 
 def test_render_md_bytes_columns_and_pass_tables():
@@ -413,7 +420,7 @@ def test_render_md_bytes_columns_and_pass_tables():
         _cat_row("qwen3-30b-a3b", 16384, "sonicmoe", gemm=5.5, rows=0.5),
         _cat_row("olmoe", 4096, "fused", gemm=2.0, rows=0.25),
     ]
-    md = prof.render_md(_doc(rows))
+    md = prof_report.render_md(_doc(rows))
     lines = md.splitlines()
     header = next(ln for ln in lines if ln.startswith("| config | T | fused ms"))
     for col in (
@@ -435,19 +442,21 @@ def test_render_md_bytes_columns_and_pass_tables():
     ) in lines
     assert "| groupmm fused | bwd | **total 6.750 GiB** |  |  | 4.688 | 2.062 |" in lines
     assert "| SonicMoE | fwd | **total 2.250 GiB** |  |  | 1.188 | 1.062 |" in lines
-    md = prof.render_md(_doc(rows), bytes_detail=True)
+    md = prof_report.render_md(_doc(rows), bytes_detail=True)
     assert md.count("### Byte budget per pass") == 2
     assert "### Byte budget per pass: olmoe T=4096 (R = 32768" in md
     # a row's own "bytes" (as a run writes them) wins over the config's; the file's dtype
     # and switches apply where none is recorded
-    rows[0]["bytes"] = prof.byte_budget(QWEN3, 16384, 4)
-    line = next(ln for ln in prof.render_md(_doc(rows)).splitlines() if ln.startswith("| qwen3"))
+    rows[0]["bytes"] = moe_bytes.byte_budget(QWEN3, 16384, 4)
+    line = next(
+        ln for ln in prof_report.render_md(_doc(rows)).splitlines() if ln.startswith("| qwen3")
+    )
     assert line.endswith("| 6.500 | 13.500 | 4.500 | 8.750 | 1.51 |")
-    lines = prof.render_md(_doc(rows[2:], dtype="float32")).splitlines()
+    lines = prof_report.render_md(_doc(rows[2:], dtype="float32")).splitlines()
     line = next(ln for ln in lines if ln.startswith("| olmoe"))
     assert line.endswith("| 1.750 | 3.750 | 1.250 | 2.500 | 1.47 |")
     doc = _doc(rows[2:], bytes_switches={"gather_x_in_gemm": True, "dy_in_gemm": True})
-    assert "fused with gather_x_in_gemm, dy_in_gemm" in prof.render_md(doc)
+    assert "fused with gather_x_in_gemm, dy_in_gemm" in prof_report.render_md(doc)
 
 
 def test_bytes_only_on_the_cpu(monkeypatch, tmp_path, capsys):
@@ -472,7 +481,7 @@ def test_bytes_only_on_the_cpu(monkeypatch, tmp_path, capsys):
         ("olmoe", 4096),
         ("olmoe", 16384),
     ]
-    assert doc["budgets"][1]["bytes"] == prof.byte_budget(QWEN3, 16384)
+    assert doc["budgets"][1]["bytes"] == moe_bytes.byte_budget(QWEN3, 16384)
     # every row's passes; the switches
     argv = ["--bytes-only", "--configs", "qwen3-30b-a3b", "--tokens", "4096,16384"]
     assert prof.main(argv + ["--bytes-detail", "--gather-x-in-gemm", "--dy-in-gemm"]) == 0
@@ -517,7 +526,7 @@ def test_parse_args_defaults_groups_and_old_form():
     assert a.impl_list == ["fused", "sonicmoe"] and a.routing == "router"  # bench_moe's default
     assert (a.steps, a.warmup, a.top, a.json, a.md) == (5, 3, 22, None, None)
     a = prof.parse_args(["--configs", "issue22", "--tokens", "4096,16384"])
-    assert a.config_names == list(bench.GROUPS["issue22"]) and a.token_list == [4096, 16384]
+    assert a.config_names == list(configs.GROUPS["issue22"]) and a.token_list == [4096, 16384]
     a = prof.parse_args(["--configs", "olmoe,extra,olmoe", "--impls", "plain,fused,plain"])
     assert a.config_names == ["olmoe", "dsv2-lite"] and a.impl_list == ["plain", "fused"]
     # the README's old single-row form
@@ -591,14 +600,14 @@ def _fake_sonic(monkeypatch, calls):
         return o, None, None
 
     S = {"layer": layer, "ActivationType": types.SimpleNamespace(SWIGLU="swiglu")}
-    monkeypatch.setattr(bench, "load_sonic", lambda: (S, None))
+    monkeypatch.setattr(sonic, "load_sonic", lambda: (S, None))
 
 
 def test_main_profiles_fused_and_sonicmoe(monkeypatch, tmp_path, capsys):
     profiled, calls = [], []
     _fake_gpu(monkeypatch, profiled)
     _fake_sonic(monkeypatch, calls)
-    monkeypatch.setitem(bench.CONFIGS, "tiny", (64, 32, 8, 2))
+    monkeypatch.setitem(configs.CONFIGS, "tiny", (64, 32, 8, 2))
     out = tmp_path / "p"
     argv = ["--configs", "tiny", "--tokens", "32,48", "--steps", "2", "--warmup", "1"]
     argv += ["--json", f"{out}.json", "--md", f"{out}.md"]
@@ -622,8 +631,8 @@ def test_main_profiles_fused_and_sonicmoe(monkeypatch, tmp_path, capsys):
     assert r["kernels"][0] == {"name": VARLEN, "ms": 1.0, "count": 2, "category": "gemm"}
     assert r["warmup_s"] >= 0
     # each row's byte budget, at the run's element size (float32 on the CPU)
-    tiny = bench.CONFIGS["tiny"]
-    assert all(r["bytes"] == prof.byte_budget(tiny, r["tokens"], 4) for r in doc["rows"])
+    tiny = configs.CONFIGS["tiny"]
+    assert all(r["bytes"] == moe_bytes.byte_budget(tiny, r["tokens"], 4) for r in doc["rows"])
     assert doc["bytes_switches"] == {"gather_x_in_gemm": False, "dy_in_gemm": False}
     md = (tmp_path / "p.md").read_text()
     assert "| tiny | 32 | 1.250 | 1.250 | 1.000 | 0.250 | 0.000 |" in md
@@ -646,7 +655,7 @@ def test_main_without_sonicmoe_and_with_fixed_routing(monkeypatch, tmp_path, cap
     profiled = []
     _fake_gpu(monkeypatch, profiled)
     monkeypatch.setitem(sys.modules, "sonicmoe", None)  # its import fails
-    monkeypatch.setitem(bench.CONFIGS, "tiny", (64, 32, 8, 2))
+    monkeypatch.setitem(configs.CONFIGS, "tiny", (64, 32, 8, 2))
     out = tmp_path / "p.json"
     argv = ["--configs", "tiny", "--tokens", "32", "--steps", "1", "--warmup", "1"]
     assert prof.main(argv + ["--impls", "fused,sonicmoe,plain", "--json", str(out)]) == 0

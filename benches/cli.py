@@ -1,0 +1,132 @@
+"""The command line the benches share: the parser (:func:`parser`, the module docstring
+as its help), the timer's flags (:func:`add_rr_args`, :func:`check_rr_args`; their values
+reach ``timing.round_robin`` through ``timing.rr_settings``), the outputs' flags
+(:func:`add_output_args`), comma lists (:func:`comma_list`, :func:`check_lists`), the
+``--budget-s`` rule (:func:`budget_spent`) and the no-GPU exit (:func:`no_cuda`).
+
+    from cli import parser, ...  # benches/cli.py, same folder
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+
+
+def line_buffered_stdout() -> None:
+    """Print every line as it comes (a bench's progress reaches a log that a time limit
+    may cut off), where the stream allows it."""
+    try:
+        sys.stdout.reconfigure(line_buffering=True)
+    except AttributeError:
+        pass
+
+
+def parser(doc: str) -> argparse.ArgumentParser:
+    """A bench's argument parser, its module docstring as the description."""
+    return argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+
+
+def add_output_args(p, budget: str = "row", png: bool = False, merge: bool = True) -> None:
+    """``--budget-s`` (no new ``budget`` starts once spent), ``--json``, ``--md`` (both
+    rewritten after every row), ``--png`` (with ``png``), ``--dry-run`` and ``--from-json``
+    (a comma list merged into one table with ``merge``, else one file)."""
+    p.add_argument(
+        "--budget-s", type=float, default=0, help=f"start no new {budget} after this many seconds"
+    )
+    p.add_argument("--json", help="results, rewritten after every row")
+    p.add_argument("--md", help="the table in markdown, rewritten after every row")
+    if png:
+        p.add_argument("--png", help="a chart of the run (needs matplotlib)")
+    p.add_argument("--dry-run", action="store_true", help="print the rows and an estimate")
+    if merge:
+        outs = "--md, --png, and --json" if png else "--md, and --json"
+        p.add_argument(
+            "--from-json",
+            help=f"render result files (comma list: merged into one table; {outs} for the "
+            "merged file); no GPU",
+        )
+    else:
+        p.add_argument("--from-json", help="render a result file (table, --md, --png); no GPU")
+
+
+def add_rr_args(
+    p,
+    rounds,
+    sample_ms,
+    min_calls,
+    max_calls,
+    warmup=2,
+    unit="calls",
+    reps=False,
+    graph=False,
+    notes=None,
+):
+    """The flags of ``RR_ARGS`` on the parser ``p`` with these defaults (``unit``: what a
+    sample repeats, "calls" or "steps"; ``notes``: flag -> words added to its help, e.g.
+    defaults that depend on another flag), ``--reps`` (the old name of ``--calls``) with
+    ``reps``, ``--graph`` with ``graph``."""
+    notes = notes or {}
+
+    def h(key, text=""):
+        return " ".join(t for t in (text, notes.get(key)) if t) or None
+
+    p.add_argument(
+        "--rounds", type=int, default=rounds, help=h("rounds", "round-robin rounds per row")
+    )
+    p.add_argument(
+        "--sample-ms",
+        type=float,
+        default=sample_ms,
+        help=h("sample_ms", "target GPU ms of a sample"),
+    )
+    p.add_argument("--calls", type=int, help=f"fixed back-to-back {unit} per sample")
+    if reps:
+        p.add_argument("--reps", type=int, help="old name of --calls")
+    p.add_argument("--min-calls", type=int, default=min_calls)
+    p.add_argument("--max-calls", type=int, default=max_calls, help=h("max_calls"))
+    p.add_argument("--warmup", type=int, default=warmup, help=f"{unit} before timing, per row")
+    if graph:
+        p.add_argument("--graph", action="store_true", help="each sample one CUDA graph replay")
+
+
+def check_rr_args(p, args) -> None:
+    """``--calls`` from ``--reps`` where only the old name is given; rounds, calls and
+    warm-up at least 1 (else ``p.error``)."""
+    if args.calls is None:
+        args.calls = getattr(args, "reps", None)
+    if min(args.rounds, args.min_calls, args.max_calls, args.warmup) < 1:
+        p.error("rounds, calls and warmup must be at least 1")
+
+
+def check_lists(p, *pairs) -> None:
+    """Each ``(comma list, allowed values)``: every value allowed, else ``p.error``."""
+    for lst, ok in pairs:
+        bad = [v for v in lst.split(",") if v not in ok]
+        if bad:
+            p.error(f"unknown {bad}; choose from {', '.join(ok)}")
+
+
+def no_cuda() -> bool:
+    """True, said on stdout, where there is no CUDA device to measure on."""
+    if torch.cuda.is_available():
+        return False
+    print("no CUDA device: nothing to measure (--dry-run or --from-json work on the CPU)")
+    return True
+
+
+def budget_spent(args, t_start: float, spec: str = "g"):
+    """Why no new row starts (``--budget-s`` spent since ``t_start``), or None."""
+    if args.budget_s and time.perf_counter() - t_start > args.budget_s:
+        return f"--budget-s {args.budget_s:{spec}} spent"
+    return None
+
+
+def comma_list(arg: str) -> list:
+    """The items of a comma list, stripped, empty ones left out."""
+    return [t.strip() for t in arg.split(",") if t.strip()]

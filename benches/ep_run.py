@@ -1,0 +1,347 @@
+"""One row of bench_ep.py on every rank (:func:`run_row`): the inputs of this rank (the
+same routing for every implementation, :func:`make_routing`), each implementation built
+on them, its first step (and, with --check, :func:`run_check` against a plain-torch
+reference, :func:`dense_reference`), the warm-up, then the round-robin rounds with the
+split in the timed steps; the per-rank numbers gathered into the row (ep_report.make_row).
+A failure on any rank leaves that implementation out on every rank (:func:`agree`).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import groupmm.integrations.torchtitan as groupmm_torchtitan
+import groupmm.parallel as gpar
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from ep_report import check_lines, make_row  # benches/ep_report.py, same folder
+from ep_split import PHASES, phases_of  # benches/ep_split.py, same folder
+from groupmm._glue import routes
+from groupmm.fused import expert_block
+from groupmm.moe import MoELayer, RouterOutput
+from peer_torchtitan import build_torchtitan, torchtitan_grads
+from report import error_text, rel_diff  # benches/report.py, same folder
+from timing import rr_orders  # benches/timing.py, same folder
+
+ROUTINGS = ("uniform", "skewed")
+#: Zipf exponent of the skewed routing's expert popularity (by global expert id)
+ZIPF_S = 1.0
+#: torchtitan's own classes: its experts on torch._grouped_mm, or switched to groupmm's
+#: fused block by groupmm.integrations.torchtitan.enable
+TT_IMPLS = ("torchtitan", "tt_groupmm", "tt_seam")
+#: --check's tolerances on relative differences, by dtype (torchtitan: always bf16's)
+TOL = {"float64": 1e-10, "float32": 1e-4, "bfloat16": 3e-2}
+TOL_BF16 = TOL["bfloat16"]
+GRADS = ("out", "x", "weights", "w_in", "w_out")
+
+
+def make_routing(T: int, E: int, k: int, kind: str, gen: torch.Generator) -> tuple:
+    """``(ids [T, k] int64, weights [T, k] float64)``: each token's k experts distinct,
+    ``uniform`` or ``skewed`` (Zipf popularity 1/(e+1)^ZIPF_S over the expert id e, drawn
+    without replacement); weights the softmax of random logits."""
+    if kind == "uniform":
+        ids = torch.rand(T, E, generator=gen).topk(k, dim=1).indices
+    elif kind == "skewed":
+        p = 1.0 / torch.arange(1, E + 1, dtype=torch.float64) ** ZIPF_S
+        ids = torch.multinomial(p.expand(T, E), k, replacement=False, generator=gen)
+    else:
+        raise ValueError(f"routing: expected one of {ROUTINGS}, found {kind!r}")
+    weights = torch.randn(T, k, generator=gen, dtype=torch.float64).softmax(-1)
+    return ids.long(), weights
+
+
+class FixedRouter(torch.nn.Module):
+    """A router stub: the same expert ids and weights (cast to ``dtype``, as TopKRouter
+    returns them) whatever the input."""
+
+    def __init__(self, ids, weights, dtype, num_experts: int):
+        super().__init__()
+        self.ids, self.weights, self.dtype = ids, weights, dtype
+        self.num_experts, self.top_k = num_experts, ids.shape[1]
+        self.aux = weights.new_zeros(())
+
+    def forward(self, x):
+        w = self.weights.to(self.dtype)
+        return RouterOutput(w, self.ids, w, self.aux)
+
+
+def dense_reference(x, ids, weights, w_in_all, w_out_all, gy, ct):
+    """The whole layer in plain torch (a loop over every expert) in ``ct``: ``(out, dx,
+    dweights, dw_in_all, dw_out_all)`` (the expert gradients of this rank's tokens)."""
+    xr = x.detach().to(ct).requires_grad_()
+    wr = weights.detach().to(ct).requires_grad_()
+    wi = w_in_all.detach().to(ct).requires_grad_()
+    wo = w_out_all.detach().to(ct).requires_grad_()
+    f = wi.shape[2] // 2
+    out = xr.new_zeros(xr.shape)
+    for e in range(wi.shape[0]):
+        tok, slot = (ids == e).nonzero(as_tuple=True)
+        if tok.numel() == 0:
+            continue
+        h = xr[tok] @ wi[e]
+        y = (F.silu(h[:, :f]) * h[:, f:]) @ wo[e]
+        out = out.index_add(0, tok, y * wr[tok, slot].unsqueeze(1))
+    out.backward(gy.to(ct))
+    return out.detach(), xr.grad, wr.grad, wi.grad, wo.grad
+
+
+def agree(ok: bool, dev) -> bool:
+    """True on every rank when ``ok`` holds on every rank."""
+    t = torch.tensor([1 if ok else 0], device=dev)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return bool(t.item())
+
+
+def gather(obj) -> list:
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def run_row(spec: dict, args, ctx: dict) -> dict:
+    """Measure every implementation on one (config, routing); returns the row (on every
+    rank: the per-rank numbers are gathered)."""
+    dev, dtype, group, mesh = ctx["dev"], ctx["dtype"], ctx["group"], ctx["mesh"]
+    rank, W, clock, split = ctx["rank"], ctx["W"], ctx["clock"], ctx["split"]
+    d, f, E, k, T = spec["d_model"], spec["d_ff"], spec["experts"], spec["top_k"], spec["T"]
+    wdtype = torch.float64 if dtype == torch.float64 else torch.float32
+    # inputs of this rank, the same for every implementation and step
+    seed = 1_000_003 * (1 + ROUTINGS.index(spec["routing"])) + 7919 * E + d
+    gen = torch.Generator().manual_seed(seed + 1009 * rank)
+    ids_cpu, w64 = make_routing(T, E, k, spec["routing"], gen)
+    ids = ids_cpu.to(dev)
+    weights = w64.to(device=dev, dtype=wdtype).requires_grad_()
+    x = torch.randn(T, d, generator=gen, dtype=torch.float32).to(dev, dtype).requires_grad_()
+    gy = torch.randn(T, d, generator=gen, dtype=torch.float32).to(dev, dtype)
+
+    torch.manual_seed(seed + 31 * rank)  # each rank's experts its own
+    fused = MoELayer(d, f, E, k, aux_loss_coef=0.0, device=dev, dtype=dtype, ep_group=group)
+    fused.router = FixedRouter(ids, weights, dtype, E)
+    ex = fused.experts
+    unfused = MoELayer(
+        d, f, E, k, aux_loss_coef=0.0, fused=False, device="meta", dtype=dtype, ep_group=group
+    )
+    unfused.experts = ex  # the same weights
+    unfused.router = FixedRouter(ids, weights, dtype, E)
+    # the rows this rank receives (one plan: the counts exchange and its host sync)
+    plan = gpar.plan(ids, ex.num_experts, group)
+    local_ids = plan.local_ids
+    R = int(sum(plan.out_splits))
+    del plan
+    recv = gather(R)
+    lead = rank == 0
+
+    fwd, leaves, errors = {}, {}, {}
+    want = set(args.impls.split(","))
+    if "fused" in want:
+        fwd["fused"] = lambda: fused(x)
+        leaves["fused"] = [x, weights, ex.w_in, ex.w_out]
+    if "unfused" in want:
+        fwd["unfused"] = lambda: unfused(x)
+        leaves["unfused"] = [x, weights, ex.w_in, ex.w_out]
+    routed: dict = {}
+    for name in TT_IMPLS:
+        if name not in want:
+            continue
+        TT = ctx["tt"]
+        if TT is None:
+            errors[name] = ctx["tt_why"]
+            continue
+        why = None
+        try:
+            module = build_torchtitan(TT, mesh, split, ex, E, k, dev, dtype)
+            if name == "tt_groupmm":
+                groupmm_torchtitan.enable(module, fused=True)  # the fused block
+            elif name == "tt_seam":
+                groupmm_torchtitan.enable(module, fused=False)  # _grouped_mm only
+        except Exception as e:  # noqa: BLE001 - reported, the others go on
+            why = error_text(e)
+        if agree(why is None, dev):
+
+            def tt_forward(module=module):
+                x3, ids3, s3 = x.view(1, T, d), ids.view(1, T, k), weights.view(1, T, k)
+                # MoE.forward's tokens per expert: the one-hot routing map, summed
+                rmap = torch.zeros(1, T, E, dtype=torch.bool, device=x.device)
+                counts = rmap.scatter_(-1, ids3, True).sum(dim=(0, 1))
+                return module(x3, s3, ids3, counts).view(T, d)
+
+            fwd[name] = tt_forward
+            leaves[name] = [x, weights, *module.parameters()]
+            routed[name] = module
+        else:
+            errors[name] = why or "failed to build on another rank"
+    rows = grows = None
+    if "single" in want:
+        g2 = torch.Generator().manual_seed(seed + 17 + rank)
+        rows = torch.randn(R, d, generator=g2).to(dev, dtype).requires_grad_()
+        grows = torch.randn(R, d, generator=g2).to(dev, dtype)
+
+        def single():
+            r = routes(local_ids, ex.num_experts)
+            return expert_block(rows, ex.w_in, ex.w_out, r.offs, r.src, r.inverse, None)
+
+        fwd["single"] = single
+        leaves["single"] = [rows, ex.w_in, ex.w_out]
+
+    def make_step(name):
+        fn, ls = fwd[name], leaves[name]
+        g = grows if name == "single" else gy
+
+        def step():
+            for t in ls:
+                t.grad = None
+            out = fn()
+            split.stamp("f3")
+            out.backward(g)
+
+        return step
+
+    steps = {name: make_step(name) for name in fwd}
+
+    # first step of each (its first failure agreed over ranks) and, with --check, the
+    # comparison of its output and gradients
+    check = None
+    got = {}
+    if lead:
+        imb = max(recv) * W / max(sum(recv), 1)
+        print(f"   received rows per rank {recv} (max/mean {imb:.2f})")
+    for name in list(steps):
+        why = None
+        try:
+            for t in leaves[name]:
+                t.grad = None
+            out = fwd[name]()
+            out.backward(grows if name == "single" else gy)
+            clock.sync()
+        except Exception as e:  # noqa: BLE001 - reported, the others go on
+            why = error_text(e)
+            out = None
+        if not agree(why is None, dev):
+            errors[name] = why or "failed on another rank"
+            del steps[name]
+            continue
+        if args.check and name != "single":
+            if name in TT_IMPLS:
+                gw_in, gw_out = torchtitan_grads(routed[name])
+            else:
+                gw_in, gw_out = ex.w_in.grad, ex.w_out.grad
+            got[name] = {
+                "out": out.detach(),
+                "x": x.grad.detach().clone(),
+                "weights": weights.grad.detach().clone(),
+                "w_in": None if gw_in is None else gw_in.detach().clone(),
+                "w_out": None if gw_out is None else gw_out.detach().clone(),
+            }
+        del out
+        for t in leaves[name]:
+            t.grad = None
+    if args.check:
+        check = run_check(got, x, ids, weights, ex, gy, ctx)
+        got.clear()
+        if lead:
+            for ln in check_lines([dict(spec, world=W, check=check)]):
+                print("   " + ln)
+
+    # warm-up, then the rounds
+    for name in list(steps):
+        why = None
+        try:
+            for _ in range(args.warmup):
+                steps[name]()
+            clock.sync()
+        except Exception as e:  # noqa: BLE001 - reported, the others go on
+            why = error_text(e)
+        if not agree(why is None, dev):
+            errors[name] = why or "failed on another rank"
+            del steps[name]
+    names = list(steps)
+    samples = {n: [None] * args.rounds for n in names}
+    stamps: dict = {n: [] for n in names}
+    if lead:
+        print(f"   timing {', '.join(names)}: {args.rounds} rounds x {args.calls} steps ...")
+    for r, order in enumerate(rr_orders(len(names), args.rounds)):
+        pending = []
+        for i in order:
+            n = names[i]
+            clock.sync()
+            dist.barrier(group)
+            s = clock.stamp()
+            recs = []
+            for _ in range(args.calls):
+                split.begin()
+                steps[n]()
+                recs.append(split.end())
+            e = clock.stamp()
+            pending.append((n, s, e, recs))
+        clock.sync()
+        for n, s, e, recs in pending:
+            samples[n][r] = clock.ms(s, e) / args.calls
+            stamps[n] += [phases_of(clock.ms, st, ep=n != "single") for st in recs]
+    mine = {
+        "rank": rank,
+        "recv_rows": R,
+        "samples": samples,
+        "phases": {
+            n: {
+                p: statistics.median(v[p] for v in stamps[n])
+                for p in ("step", *PHASES)
+                if stamps[n] and all(p in v for v in stamps[n])
+            }
+            for n in names
+        },
+    }
+    everyone = gather(mine)
+    row = make_row(spec, W, everyone, names, errors, check, str(dtype).replace("torch.", ""))
+    return row
+
+
+def run_check(got: dict, x, ids, weights, ex, gy, ctx) -> dict:
+    """Relative differences of every implementation's first step to the plain-torch
+    reference and to fused's, the largest over ranks."""
+    group, W, rank = ctx["group"], ctx["W"], ctx["rank"]
+    dtype = ctx["dtype"]
+    ct = torch.float64 if dtype == torch.float64 else torch.float32
+    parts_in = [torch.empty_like(ex.w_in) for _ in range(W)]
+    parts_out = [torch.empty_like(ex.w_out) for _ in range(W)]
+    dist.all_gather(parts_in, ex.w_in.detach().contiguous(), group=group)
+    dist.all_gather(parts_out, ex.w_out.detach().contiguous(), group=group)
+    w_in_all, w_out_all = torch.cat(parts_in), torch.cat(parts_out)
+    del parts_in, parts_out
+    ref = dense_reference(x, ids, weights, w_in_all, w_out_all, gy, ct)
+    del w_in_all, w_out_all
+    out, dx, dw, dwi, dwo = ref
+    dist.all_reduce(dwi, group=group)
+    dist.all_reduce(dwo, group=group)
+    e = ex.num_experts
+    ref_d = {
+        "out": out,
+        "x": dx,
+        "weights": dw,
+        "w_in": dwi[rank * e : (rank + 1) * e],
+        "w_out": dwo[rank * e : (rank + 1) * e],
+    }
+    local: dict = {"vs_reference": {}, "vs_fused": {}}
+    for name, g in got.items():
+        local["vs_reference"][name] = {q: rel_diff(g[q], ref_d[q]) for q in GRADS}
+        if name != "fused" and "fused" in got:
+            local["vs_fused"][name] = {q: rel_diff(g[q], got["fused"][q]) for q in GRADS}
+    del ref, ref_d
+    everyone = gather(local)
+    dname = str(dtype).replace("torch.", "")
+    res: dict = {"tolerance": {}, "vs_reference": {}, "vs_fused": {}, "failed": []}
+    for name in got:
+        tol = TOL_BF16 if name in TT_IMPLS else TOL[dname]
+        res["tolerance"][name] = tol
+        for key in ("vs_reference", "vs_fused"):
+            per = [o[key].get(name) for o in everyone if o[key].get(name)]
+            if not per:
+                continue
+            worst = {q: max(math.inf if p[q] is None else p[q] for p in per) for q in GRADS}
+            res[key][name] = worst
+            bad = [q for q, v in worst.items() if not (v <= tol)]  # NaN fails too
+            if bad:
+                res["failed"].append(f"{name} {key}: {', '.join(bad)}")
+    res["ok"] = not res["failed"]
+    return res
