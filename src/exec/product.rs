@@ -17,8 +17,9 @@
 //! once (the row op's host rule, [`shape::check_indices`]).
 
 use super::cuda;
-use super::operands::Operands;
-use super::operands::{check_out, contiguous, contiguous_int32, host_offs, writes_in_place};
+use super::operands::{
+    check_out, contiguous, contiguous_int32, host_offs, writes_in_place, Operands,
+};
 use super::packed::run;
 use super::rows::gather_rows;
 use super::vocab::{Device, IntTensor, Output, Runtime, Tensor};
@@ -35,7 +36,7 @@ pub struct ProductRequest<'a, O> {
     /// GroupedK (groups along the reduction over them: `gather_k_mm`).
     pub form: Form,
     /// The first operand: `x`, `dy` (DGated) or `a` (GroupedK); every other operand has
-    /// its device (and but `offs`, `src`, `scale` its dtype).
+    /// its device and, but `offs`, `src` and `scale`, its dtype.
     pub a: &'a Tensor,
     /// The second: `w` (DGated reads it transposed, in place) or `b` (GroupedK).
     pub b: &'a Tensor,
