@@ -1,4 +1,4 @@
-"""Type stubs of the Rust extension module ``groupmm._native`` (src/python/mod.rs).
+"""Type stubs of the Rust extension module ``groupmm._native`` (src/python/).
 
 Every function takes torch tensors or numpy arrays (not mixed; the result is of the same
 kind) and reports a bad argument by name: ValueError (shapes, values), TypeError (dtypes,
@@ -181,7 +181,7 @@ def gather_k_mm(
     ValueError for shapes that do not fit, TypeError and RuntimeError for dtypes and
     devices unlike ``a``'s."""
 
-# The fused expert products (src/exec/fused.rs): one GroupedM product whose epilogue does
+# The fused expert products (src/exec/product.rs): one GroupedM product whose epilogue does
 # the glue; a fresh result, or None (after every argument check, on every device) where no
 # fused kernel runs: on the CPU (nothing is read or allocated), or on a GPU, dtype or
 # alignment without one (nothing ran). The caller then composes the same result
@@ -260,4 +260,5 @@ def row_dots(grad: _Rows, y: _Rows, inverse: _Rows, out_dtype: Optional[Any] = N
     ``grad``'s dtype (None) or float32."""
 
 def take_offs_error(device: int) -> bool:
-    """Reads and clears the flag CUDA kernels raise on invalid ``offs`` (no sync)."""
+    """Reads and clears the device's deferred error flag (no sync): True when a launch
+    there met invalid ``offs`` or a routing index out of range since the last read."""

@@ -5,21 +5,9 @@
 //! engine rejects one before the loops run: `shape::check_indices`).
 
 use crate::dtype::{DType, Element};
-use crate::shape::{RowsDims, RowsOp};
+use crate::shape::{RowPtrs, RowsDims, RowsOp};
 use half::{bf16, f16};
 use rayon::prelude::*;
-
-/// Addresses of a row op's operands, each contiguous row-major (0: absent): `x` is the
-/// first operand (`pre`, `grad` or `y`), `y` the second (`pre` of SwigluBackward, `y` of
-/// RowDots), `inverse` the int32 index, `weights` the router weights.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct RowPtrs {
-    pub x: usize,
-    pub y: usize,
-    pub inverse: usize,
-    pub weights: usize,
-    pub out: usize,
-}
 
 /// Runs a validated row op: operands of `dtype`, weights (and RowDots' output) of
 /// `w_dtype` (`dtype` or float32).

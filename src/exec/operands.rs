@@ -1,14 +1,16 @@
 //! The operands of a call as the kernels read them: contiguous copies made once through
 //! the face where a kernel cannot read an operand in place ([`Operands`],
-//! [`contiguous`], [`contiguous_int32`]), and the output target ([`into_target`]).
+//! [`contiguous`], [`contiguous_int32`]), `offs` values on the host ([`host_offs`]), and
+//! the output target ([`into_target`], [`check_out`]).
 
 use super::cuda;
 use super::vocab::{Device, IntTensor, Output, Runtime, Tensor};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::layout::Layout;
-use crate::shape;
+use crate::shape::{self, PackedDims};
 use std::fmt;
+
 /// `t`, or a contiguous copy of it (made by the face): the row ops read contiguous rows.
 pub(super) fn contiguous<R: Runtime>(rt: &mut R, t: &Tensor) -> Result<Tensor> {
     if t.layout.is_contiguous() {
@@ -37,6 +39,26 @@ pub(super) fn contiguous_int32<R: Runtime>(rt: &mut R, i: &IntTensor) -> Result<
         int32: true,
         ..i.clone()
     })
+}
+
+/// `offs` values on the host (CPU calls), checked; CUDA calls never read them.
+///
+/// # Safety
+/// `offs` describes live host memory when its device is the CPU.
+pub(super) unsafe fn host_offs(
+    offs: Option<&IntTensor>,
+    plan: &PackedDims,
+) -> Result<Option<Vec<i32>>> {
+    let Some(o) = offs.filter(|o| o.device == Device::Cpu) else {
+        return Ok(None);
+    };
+    let (n, s) = (o.layout.shape[0], o.layout.strides[0]);
+    let vals: Vec<i32> = (0..n)
+        // SAFETY: a live 1-D int32 host array of n elements with stride s (contract).
+        .map(|i| unsafe { *((o.ptr as *const i32).offset(i as isize * s)) })
+        .collect();
+    shape::check_offs(&vals, plan)?;
+    Ok(Some(vals))
 }
 
 /// True when the kernels write `out` as it is: any layout on the CPU, contiguous

@@ -11,10 +11,9 @@
 use super::cuda;
 use super::operands::{contiguous, contiguous_int32};
 use super::vocab::{Device, IntTensor, Output, Runtime, Tensor};
-use crate::cpu::{self, rows::RowPtrs};
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::shape::{self, RowsDims};
+use crate::shape::{self, RowPtrs, RowsDims};
 
 /// One row op with its operands, as the face described them (names as the Python
 /// functions spell them).
@@ -222,7 +221,7 @@ pub(super) unsafe fn launch<R: Runtime>(
             // SAFETY: forwarded contract (host memory).
             unsafe { check_indices(dims, p.inverse) }?;
             // SAFETY: forwarded contract (host memory).
-            rt.run_cpu(&mut || unsafe { cpu::rows::run(dims, dtypes.0, dtypes.1, p) });
+            rt.run_cpu(&mut || unsafe { crate::cpu::rows::run(dims, dtypes.0, dtypes.1, p) });
             Ok(())
         }
     }
@@ -235,9 +234,8 @@ pub(super) unsafe fn launch<R: Runtime>(
 /// the rows alive.
 ///
 /// # Safety
-/// As [`packed`]; `x` is 2-D and `src` contiguous int32 (validated by
-/// [`shape::plan_gather`], [`shape::plan_gather_k`] or [`shape::plan_dgated_mm`], made so
-/// by [`contiguous_int32`]).
+/// As [`run`]; `x` is 2-D and `src` contiguous int32 (validated by
+/// [`shape::plan_product`], made so by [`contiguous_int32`]).
 pub(super) unsafe fn gather_rows<R: Runtime>(
     rt: &mut R,
     x: &Tensor,
@@ -253,7 +251,7 @@ pub(super) unsafe fn gather_rows<R: Runtime>(
         rows: x.layout.shape[0],
         cols: k,
     };
-    let p = cpu::rows::RowPtrs {
+    let p = RowPtrs {
         x: x.ptr,
         inverse: src.ptr,
         out: out.1.ptr,
@@ -292,7 +290,7 @@ mod tests {
             shape: &[usize],
             dtype: DType,
             device: Device,
-        ) -> Result<super::super::Output<Vec<f32>>> {
+        ) -> Result<Output<Vec<f32>>> {
             assert_eq!((dtype, device), (DType::F32, Device::Cpu));
             let (v, t) = t(shape, dtype, &vec![f32::NAN; shape.iter().product()]);
             Ok((v, t))

@@ -14,28 +14,30 @@
 //!   [`check_like_or_f32`]), `out=` ([`check_out`], [`check_out_dtype`],
 //!   [`check_disjoint`]), `out_dtype=` ([`resolve_out_dtype`]), the upstream gradient
 //!   ([`check_grad`]) and sequence lengths ([`check_len`]);
-//! - `packed`: the packed forms ([`Form`], [`plan_packed`]), the gathered products of the
-//!   MoE layer ([`plan_gather`], [`plan_gather_k`]) and the backward's operands
+//! - `packed`: the packed forms ([`Form`], [`plan_packed`]) and the backward's operands
 //!   ([`backward_layouts`]);
 //! - `offs`: `offs`'s shape and values ([`offs_len`], [`check_offs`]) and the clamp rule
 //!   the device follows instead ([`clamp_spans`]);
 //! - `list`: the list form ([`plan_list`]);
 //! - `rows`: the row ops of the MoE glue ([`RowsOp`], [`plan_swiglu`] ...);
-//! - `fused`: the fused expert products, a GroupedM product with a SwiGLU or dGated
-//!   epilogue ([`plan_swiglu_mm`], [`plan_dgated_mm`], [`FusedDims`]).
+//! - `product`: the products of the MoE layer as one rule ([`plan_product`]): a GroupedM
+//!   product over routed rows, alone or with an [`Epilogue`] (the fused expert products),
+//!   or a GroupedK product over them, each reading its rows in order or through `src`.
 
-mod fused;
 mod list;
 mod offs;
 mod packed;
+mod product;
 mod rows;
 
-pub use fused::{check_f32, plan_dgated_mm, plan_swiglu_mm, Epilogue, FusedDims, PARTIAL_COLS};
 pub use list::{plan_list, GroupDims};
 pub use offs::{check_offs, clamp_spans, index_error_pending, offs_error_pending, offs_len};
-pub use packed::{
-    backward_layouts, plan_gather, plan_gather_k, plan_packed, transposed_grads, Form, PackedDims,
+pub use packed::{backward_layouts, plan_packed, transposed_grads, Form, PackedDims};
+pub use product::{
+    check_f32, operand_names, plan_product, Epilogue, Gathered, ProductDims, ProductShape,
+    PARTIAL_COLS,
 };
+pub(crate) use rows::RowPtrs;
 pub use rows::{
     check_indices, plan_gather_sum, plan_row_dots, plan_scatter_rows, plan_swiglu,
     plan_swiglu_backward, RowsDims, RowsOp,

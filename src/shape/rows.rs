@@ -66,6 +66,22 @@ impl RowsDims {
     }
 }
 
+/// Addresses of a row op's operands, each contiguous row-major (0: absent), as the CPU
+/// loops (`crate::cpu::rows`) and the CUDA request (`RowsRequest`, src/exec/ffi.rs) take
+/// them: `x` is the first operand (`pre`, `grad` or `y`), `y` the second (`pre` of
+/// SwigluBackward, `y` of RowDots), `inverse` the int32 row index of each output slot
+/// (`[T, k]`: slot `(t, j)`'s row of the expert-ordered operand, the `R` rows GatherSum
+/// and RowDots read and ScatterRows writes; a gathered product's `src` as a one-column
+/// index), `weights` the router weights (`[T, k]`).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct RowPtrs {
+    pub x: usize,
+    pub y: usize,
+    pub inverse: usize,
+    pub weights: usize,
+    pub out: usize,
+}
+
 /// A 2-D operand's `(rows, columns)`.
 fn matrix(name: &str, l: &Layout) -> Result<(usize, usize)> {
     need_ndim(name, l, &[2])?;

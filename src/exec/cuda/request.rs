@@ -1,93 +1,14 @@
-//! The engine's CUDA side: operands normalised once, in Rust, into the bridge's
-//! [`Operand`](ffi::Operand); one call into C++ per packed launch in the steady state.
-//!
-//! A packed product makes at most two calls across the seam: [`ffi::submit_packed`]
-//! reads the deferred offs flag, plans once and launches at once when the workspace the
-//! face keeps for the stream is large enough and the stream is not capturing; otherwise
-//! it hands the plan back and [`ffi::launch_planned`] launches it with the workspace the
-//! face then provides. A list product plans once ([`ffi::plan_list`]), writes its
-//! per-group argument block into host memory the face uploads, and launches.
-//!
-//! Nothing here waits for the GPU. A build without CUDA keeps this module; every launch
-//! fails with a message that says how to rebuild.
+//! The requests the engine sends across the seam ([`ffi`]), made from its descriptions:
+//! every operand normalised into the bridge's [`Operand`](ffi::Operand) (the one
+//! normaliser: [`operand`]), the enums mapped, and what a packed product does beyond
+//! `c = a · b` ([`Fusion`]: the routed-row index and the epilogue, which becomes the
+//! bridge's here and nowhere else). Nothing here calls into C++ or borrows from the face.
 
-#![cfg_attr(not(feature = "python"), allow(dead_code))]
-
-use super::ffi;
-use super::vocab::{Device, IntTensor, Runtime, Tensor};
-use crate::cpu::rows::RowPtrs;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::shape::{Form, PackedDims, RowsDims, RowsOp};
-
-/// True when this build holds the CUDA kernels.
-pub fn compiled() -> bool {
-    cfg!(groupmm_cuda)
-}
-
-const NOT_COMPILED: &str = "groupmm was built without CUDA support, so it cannot run on cuda \
-     tensors. Rebuild it with nvcc on PATH (or CUDA_HOME set) and the CUTLASS headers \
-     available (pip install nvidia-cutlass==4.2.0.0, or CUTLASS_DIR=...): GROUPMM_CUDA=1 \
-     pip install . ; groupmm.build_info() tells what a build holds";
-
-/// Fails unless this build holds the CUDA kernels.
-pub(super) fn check_compiled() -> Result<()> {
-    if compiled() {
-        Ok(())
-    } else {
-        Err(Error::Cuda(NOT_COMPILED.into()))
-    }
-}
-
-/// What the CUDA part of this build holds.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CudaBuildInfo {
-    /// `GROUPMM_CUDA_ARCHS` entries compiled, e.g. `["80", "90a"]`.
-    pub archs: Vec<String>,
-    /// CUDA toolkit release the runtime (linked statically) comes from, e.g. `"13.0"`.
-    pub cuda_runtime: String,
-    /// CUTLASS version of the headers the kernels were compiled with, e.g. `"4.2.0"`.
-    pub cutlass: String,
-}
-
-/// What the CUDA part of this build holds; `None` when built without CUDA.
-pub fn build_info() -> Option<CudaBuildInfo> {
-    #[cfg(groupmm_cuda)]
-    {
-        Some(CudaBuildInfo {
-            archs: env!("GROUPMM_CUDA_ARCHS")
-                .split(';')
-                .filter(|s| !s.is_empty())
-                .map(str::to_string)
-                .collect(),
-            cuda_runtime: env!("GROUPMM_CUDA_RUNTIME").to_string(),
-            cutlass: env!("GROUPMM_CUTLASS_VERSION").to_string(),
-        })
-    }
-    #[cfg(not(groupmm_cuda))]
-    None
-}
-
-/// Reads and clears the "invalid offs seen" flag of `device` (no sync): true when a
-/// packed launch there met negative, decreasing or out-of-range offsets since the last
-/// call. Only work that has completed is reflected.
-pub fn take_offs_error(device: i32) -> Result<bool> {
-    check_compiled()?;
-    #[cfg(groupmm_cuda)]
-    {
-        ffi::take_offs_error(device).map_err(seam)
-    }
-    #[cfg(not(groupmm_cuda))]
-    {
-        let _ = device;
-        unreachable!("checked above")
-    }
-}
-
-#[cfg(groupmm_cuda)]
-fn seam(e: cxx::Exception) -> Error {
-    Error::Cuda(e.what().to_string())
-}
+use crate::exec::ffi;
+use crate::exec::vocab::{Device, IntTensor, Tensor};
+use crate::shape::{Epilogue, Form, PackedDims, RowPtrs, RowsDims, RowsOp};
 
 fn ffi_dtype(d: DType) -> ffi::DType {
     match d {
@@ -128,7 +49,7 @@ fn unused_ld(extent: i64) -> i64 {
 /// least the other extent (strides of extent-1 dimensions do not matter), and several
 /// groups need a positive batch stride (not an expanded batch). Negative strides fail
 /// these rules. An operand without elements is always readable.
-pub(super) fn operand(t: &Tensor) -> Option<ffi::Operand> {
+pub(in crate::exec) fn operand(t: &Tensor) -> Option<ffi::Operand> {
     let l = &t.layout;
     let nd = l.ndim();
     let (rows, cols) = (l.shape[nd - 2] as i64, l.shape[nd - 1] as i64);
@@ -166,56 +87,14 @@ pub(super) fn operand(t: &Tensor) -> Option<ffi::Operand> {
     None
 }
 
-/// `t`, or a contiguous copy of it (made by the face) when no kernel can read it.
-pub(super) fn readable<R: Runtime>(rt: &mut R, t: &Tensor) -> Result<Tensor> {
-    if operand(t).is_some() {
-        return Ok(t.clone());
-    }
-    let (ptr, layout) = rt.contiguous(t.id)?;
-    let copy = Tensor {
-        ptr,
-        layout,
-        transposed: false,
-        ..t.clone()
-    };
-    Ok(if t.transposed {
-        crate::layout::Transposable::transposed(&copy)
-    } else {
-        copy
-    })
-}
-
-/// `t` when the kernels read it row-major in place, else a contiguous copy of it (made by
-/// the face): the operand that a gathered GroupedK product reads through `src` (and
-/// its `a`, transposed) is a row-major tensor (the bridge's `Fusion`).
-pub(super) fn row_major<R: Runtime>(rt: &mut R, t: &Tensor) -> Result<Tensor> {
-    match operand(t) {
-        Some(o) if !o.col_major => Ok(t.clone()),
-        _ => super::operands::contiguous(rt, t),
-    }
-}
-
-/// `offs` (int32), or a contiguous copy when its stride is not 1.
-pub(super) fn readable_offs<R: Runtime>(rt: &mut R, o: &IntTensor) -> Result<IntTensor> {
-    if o.layout.shape.first().map_or(true, |&n| n <= 1) || o.layout.strides[0] == 1 {
-        return Ok(o.clone());
-    }
-    let (ptr, layout) = rt.contiguous(o.id)?;
-    Ok(IntTensor {
-        ptr,
-        layout,
-        ..o.clone()
-    })
-}
-
-fn device_index(t: &Tensor) -> i32 {
+pub(super) fn device_index(t: &Tensor) -> i32 {
     match t.device {
         Device::Cuda(i) => i,
         Device::Cpu => unreachable!("a CUDA launch with a CPU operand"),
     }
 }
 
-/// The bridge operand of an input that went through [`readable`], or of a target.
+/// The bridge operand of an input that went through `readable`, or of a target.
 fn kernel_operand(t: &Tensor) -> Result<ffi::Operand> {
     operand(t).ok_or_else(|| {
         Error::Cuda(format!(
@@ -225,88 +104,58 @@ fn kernel_operand(t: &Tensor) -> Result<ffi::Operand> {
     })
 }
 
-/// The stream and TF32 flag of a launch on `device` with inputs of `dtype`.
-fn stream_and_tf32<R: Runtime>(rt: &mut R, device: i32, dtype: DType) -> Result<(u64, bool)> {
-    let stream = rt.stream(device)?;
-    let tf32 = dtype == DType::F32 && rt.allow_tf32()?;
-    Ok((stream, tf32))
-}
-
 /// What a packed product does beyond `c = a · b`, as the engine asks it: the request's
 /// [`ffi::Fusion`] (whose doc is the contract of each field). `Default`: a plain product.
 #[derive(Debug, Clone, Copy, Default)]
-pub(super) struct Fusion<'a> {
+pub(in crate::exec) struct Fusion<'a> {
     /// The contiguous int32 routed-row index: GroupedM `[m]`, A's row `r` is row
     /// `src[r]` of `a`; GroupedK `[k]`, routed row `r` of A (of B with `src_b`) is row
     /// `src[r]` of the row-major tensor that `a` (transposed) or `b` describes.
     pub src: Option<&'a IntTensor>,
     /// GroupedK only: `src` indexes the rows of `b` instead of those of `a`.
     pub src_b: bool,
-    /// What the epilogue writes, with its contiguous operands.
-    pub epilogue: Epilogue<'a>,
-}
-
-/// The epilogue of a GroupedM product and its operands (contiguous, on the product's
-/// device; extents in [`ffi::Fusion`]'s doc). `c` is the pre-activation (SwiGLU) or its
-/// gradient `dpre` (DGated), `[m, 2F]` both.
-#[derive(Debug, Clone, Copy, Default)]
-pub(super) enum Epilogue<'a> {
-    /// `c = p`.
-    #[default]
-    Plain,
-    /// `c = p`, `act = silu(gate) * up`.
-    SwiGLU {
-        /// `[m, F]`, c's dtype.
-        act: &'a Tensor,
-    },
-    /// dSwiGLU through the router weight: `c = dpre`, `act`, `partial`.
-    DGated {
-        /// `[m, F]`, c's dtype: the scaled activation.
-        act: &'a Tensor,
-        /// `[m, 2F]`, c's dtype: the saved pre-activation.
-        pre: &'a Tensor,
-        /// float32 `[m]`: the router weight of each row.
-        scale: &'a Tensor,
-        /// float32 `[ceil(F / 64), m]`: the router-weight gradient's partial sums.
-        partial: &'a Tensor,
-    },
+    /// The epilogue (GroupedM) with its operands, contiguous on the product's device
+    /// (extents in [`ffi::Fusion`]'s doc); `c` is then the pre-activation (SwiGLU) or its
+    /// gradient `dpre` (DGated), `[m, 2F]` both.
+    pub epilogue: Epilogue<&'a Tensor>,
+    /// SwiGLU, DGated: the `act` output, `[m, F]` of c's dtype, contiguous (DGated: the
+    /// scaled activation).
+    pub act: Option<&'a Tensor>,
+    /// DGated: the float32 `partial` output, `[ceil(F / 64), m]`, contiguous (the router
+    /// weight's gradient in partial sums).
+    pub partial: Option<&'a Tensor>,
 }
 
 impl Fusion<'_> {
-    /// The bridge's field: addresses, 0 for what is not asked.
+    /// Nothing beyond `c = a · b`.
+    pub fn is_plain(&self) -> bool {
+        self.src.is_none() && matches!(self.epilogue, Epilogue::Plain)
+    }
+
+    /// The bridge's field: addresses, 0 for what is not asked. The one place where the
+    /// epilogue becomes the bridge's.
     fn request(&self) -> ffi::Fusion {
-        let ptr = |t: &Tensor| t.ptr as u64;
-        let (epilogue, act, pre, scale, partial) = match self.epilogue {
-            Epilogue::Plain => (ffi::Epilogue::Plain, 0, 0, 0, 0),
-            Epilogue::SwiGLU { act } => (ffi::Epilogue::SwiGLU, ptr(act), 0, 0, 0),
-            Epilogue::DGated {
-                act,
-                pre,
-                scale,
-                partial,
-            } => (
-                ffi::Epilogue::DGated,
-                ptr(act),
-                ptr(pre),
-                ptr(scale),
-                ptr(partial),
-            ),
+        let ptr = |t: Option<&Tensor>| t.map_or(0, |t| t.ptr as u64);
+        let (epilogue, pre, scale) = match self.epilogue {
+            Epilogue::Plain => (ffi::Epilogue::Plain, None, None),
+            Epilogue::SwiGLU => (ffi::Epilogue::SwiGLU, None, None),
+            Epilogue::DGated { pre, scale } => (ffi::Epilogue::DGated, Some(pre), Some(scale)),
         };
         ffi::Fusion {
             src: self.src.map_or(0, |o| o.ptr as u64),
             src_b: self.src_b,
             epilogue,
-            act,
-            pre,
-            scale,
-            partial,
+            act: ptr(self.act),
+            pre: ptr(pre),
+            scale: ptr(scale),
+            partial: ptr(self.partial),
         }
     }
 }
 
-/// The request of a packed product whose inputs went through [`readable`] and whose
+/// The request of a packed product whose inputs went through `readable` and whose
 /// target `c` is contiguous row-major, with what `fusion` asks beyond `c = a · b`.
-fn packed_request(
+pub(super) fn packed_request(
     plan: &PackedDims,
     a: &Tensor,
     b: &Tensor,
@@ -334,87 +183,23 @@ fn packed_request(
     })
 }
 
-/// Runs a validated packed product on CUDA into the contiguous target `c`, with what
-/// `fusion` asks beyond `c = a · b` (with `src`: a GroupedM plan over its rows, `a` holds
-/// the rows it names; with an epilogue: its outputs written too). `Ok(false)` says that
-/// no kernel here does what `fusion` asks (nothing ran: the bridge answered
-/// `Unsupported`); a plain product always runs.
-///
-/// # Safety
-/// The descriptions are of live memory on the device for the whole call.
-pub(super) unsafe fn packed<R: Runtime>(
-    rt: &mut R,
-    plan: &PackedDims,
-    a: &Tensor,
-    b: &Tensor,
-    offs: Option<&IntTensor>,
-    fusion: &Fusion<'_>,
-    c: &Tensor,
-) -> Result<bool> {
-    check_compiled()?;
-    let device = device_index(a);
-    let st = stream_and_tf32(rt, device, a.dtype)?;
-    let req = packed_request(plan, a, b, offs, fusion, c, st)?;
-    #[cfg(groupmm_cuda)]
-    {
-        let (ws, ws_bytes) = rt.cached_workspace(device, st.0);
-        // SAFETY: the operands are live device memory (contract), `ws` holds `ws_bytes`
-        // bytes kept alive by the face for the call.
-        let r = unsafe { ffi::submit_packed(&req, ws, ws_bytes) }.map_err(seam)?;
-        match r.status {
-            ffi::Submitted::Launched => Ok(true),
-            ffi::Submitted::Unsupported => Ok(false),
-            ffi::Submitted::OffsPending => {
-                Err(crate::shape::offs_error_pending(Device::Cuda(device)))
-            }
-            ffi::Submitted::IndexPending => {
-                Err(crate::shape::index_error_pending(Device::Cuda(device)))
-            }
-            _ => {
-                let bytes = r.workspace_bytes;
-                let ws = rt.workspace(device, st.0, bytes, r.capturing)?;
-                let plan = r
-                    .plan
-                    .as_ref()
-                    .ok_or_else(|| Error::Cuda("internal: no plan to launch".into()))?;
-                // SAFETY: as above, with a workspace of `bytes` bytes.
-                unsafe { ffi::launch_planned(plan, ws, bytes) }.map_err(seam)?;
-                Ok(true)
-            }
-        }
-    }
-    #[cfg(not(groupmm_cuda))]
-    {
-        let _ = req;
-        unreachable!("checked above")
-    }
-}
-
-/// Runs a validated list product on CUDA: group `i` reads `a[i]`, `b[i]` (through
-/// [`readable`]) and writes the contiguous target `c[i]`.
-///
-/// # Safety
-/// As [`packed`].
-pub(super) unsafe fn list<R: Runtime>(
-    rt: &mut R,
+/// The request of a list product whose inputs went through `readable` and whose targets
+/// are contiguous row-major: group `i` reads `a[i]`, `b[i]` and writes `c[i]`.
+pub(super) fn list_request(
     a: &[Tensor],
     b: &[Tensor],
     c: &[&Tensor],
-) -> Result<()> {
-    check_compiled()?;
-    let Some(first) = a.first() else {
-        return Ok(());
-    };
-    let device = device_index(first);
-    let (stream, allow_tf32) = stream_and_tf32(rt, device, first.dtype)?;
+    device: i32,
+    (stream, allow_tf32): (u64, bool),
+) -> Result<(ffi::ListRequest, Vec<ffi::ListGroup>)> {
     let req = ffi::ListRequest {
-        dtype: ffi_dtype(first.dtype),
+        dtype: ffi_dtype(a[0].dtype),
         out_dtype: ffi_dtype(c[0].dtype),
         device,
         allow_tf32,
         stream,
     };
-    let groups: Vec<ffi::ListGroup> = a
+    let groups = a
         .iter()
         .zip(b)
         .zip(c)
@@ -426,40 +211,12 @@ pub(super) unsafe fn list<R: Runtime>(
             })
         })
         .collect::<Result<_>>()?;
-    #[cfg(groupmm_cuda)]
-    {
-        let p = ffi::plan_list(&req, &groups).map_err(seam)?;
-        if p.offs_pending {
-            return Err(crate::shape::offs_error_pending(Device::Cuda(device)));
-        }
-        if p.index_pending {
-            return Err(crate::shape::index_error_pending(Device::Cuda(device)));
-        }
-        let plan = p
-            .plan
-            .as_ref()
-            .ok_or_else(|| Error::Cuda("internal: no list plan".into()))?;
-        let args = rt.upload(device, p.args_bytes.max(1), &mut |host| {
-            ffi::write_list_args(plan, &mut host[..p.args_bytes]).map_err(seam)
-        })?;
-        let ws = match p.workspace_bytes {
-            0 => 0,
-            n => rt.device_bytes(device, n)?,
-        };
-        // SAFETY: the operands are live device memory (contract); the argument block
-        // and the workspace are device memory the face keeps alive for the call.
-        unsafe { ffi::launch_list(plan, args, ws, p.workspace_bytes) }.map_err(seam)
-    }
-    #[cfg(not(groupmm_cuda))]
-    {
-        let _ = (req, groups);
-        unreachable!("checked above")
-    }
+    Ok((req, groups))
 }
 
 /// The request of a validated row op whose operands `p` are contiguous on `device`;
 /// `scratch` is ScatterRows' zeroed int32 `[rows]` device memory (else 0).
-fn rows_request(
+pub(super) fn rows_request(
     d: &RowsDims,
     dtype: DType,
     w_dtype: DType,
@@ -487,44 +244,11 @@ fn rows_request(
     }
 }
 
-/// Enqueues a validated row op of the MoE glue (`super::rows`) on the current stream:
-/// one call across the seam; ScatterRows gets its int32 scratch from
-/// [`Runtime::device_bytes`].
-///
-/// # Safety
-/// `p` holds live contiguous device memory of `device` of the extents `d` and the
-/// dtypes given; `out` is disjoint from the inputs.
-pub(super) unsafe fn rows<R: Runtime>(
-    rt: &mut R,
-    device: i32,
-    d: &RowsDims,
-    (dtype, w_dtype): (DType, DType),
-    p: RowPtrs,
-) -> Result<()> {
-    check_compiled()?;
-    let stream = rt.stream(device)?;
-    let scratch = match d.op {
-        RowsOp::ScatterRows if d.rows > 0 => rt.device_bytes(device, d.rows * 4)?,
-        _ => 0,
-    };
-    let req = rows_request(d, dtype, w_dtype, device, p, scratch, stream);
-    #[cfg(groupmm_cuda)]
-    {
-        // SAFETY: the request's addresses are live device memory (contract).
-        unsafe { ffi::launch_rows(&req) }.map_err(seam)
-    }
-    #[cfg(not(groupmm_cuda))]
-    {
-        let _ = req;
-        unreachable!("checked above")
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    use crate::layout::Layout;
+    use crate::layout::{Layout, Transposable};
+    use crate::shape::{plan_product, Gathered, ProductDims, ProductShape};
 
     fn t(shape: &[usize], strides: &[isize]) -> Tensor {
         Tensor {
@@ -546,6 +270,28 @@ mod tests {
             id: 1,
             int32: true,
         }
+    }
+
+    /// The rule of a GroupedM product over the rows `src` gathers (or all rows) with
+    /// `epilogue`, or of the GroupedK product with gathered `a` (`b`: `src_b`).
+    fn plan(
+        form: Form,
+        (a, b): (&Layout, &Layout),
+        src: Option<(&IntTensor, bool)>,
+        epilogue: Epilogue<&Layout>,
+        offs_len: usize,
+    ) -> ProductDims {
+        let gathered = |b| if b { Gathered::B } else { Gathered::A };
+        plan_product(&ProductShape {
+            form,
+            a,
+            b,
+            offs_len,
+            src: src.map(|(s, b)| (&s.layout, gathered(b))),
+            epilogue,
+            transposed: false,
+        })
+        .unwrap()
     }
 
     fn ld_major(shape: &[usize], strides: &[isize]) -> Option<(i64, bool, i64)> {
@@ -590,7 +336,7 @@ mod tests {
             (vec![3, 4, 6], vec![24, 1, 4]),
         ] {
             let x = t(&shape, &strides);
-            let xt = crate::layout::Transposable::transposed(&x);
+            let xt = Transposable::transposed(&x);
             assert_eq!(
                 operand(&x).is_some(),
                 operand(&xt).is_some(),
@@ -612,7 +358,7 @@ mod tests {
         let (t_, k, n, g) = (64usize, 32usize, 48usize, 4usize);
         let x = t(&[t_, k], &[k as isize, 1]);
         let dy = t(&[t_, n], &[n as isize, 1]);
-        let xt = crate::layout::Transposable::transposed(&x);
+        let xt = Transposable::transposed(&x);
         let plan = crate::shape::plan_packed(&xt.layout, &dy.layout, Some(g)).unwrap();
         let c = t(&plan.out_shape, &[(k * n) as isize, n as isize, 1]);
         let offs = IntTensor {
@@ -641,16 +387,16 @@ mod tests {
     }
 
     #[test]
-    fn gathered_request_carries_the_index_and_the_rows_of_x() {
+    fn gathered_request_carries_src_and_the_rows_of_x() {
         let (rows_x, rows, k, n, g) = (10usize, 24usize, 16usize, 8usize, 3usize);
         let x = t(&[rows_x, k], &[k as isize, 1]);
         let w = t(&[g, k, n], &[(k * n) as isize, n as isize, 1]);
         let gathered = Layout::contiguous(&[rows, k]);
         let plan = crate::shape::plan_packed(&gathered, &w.layout, Some(g)).unwrap();
         let c = t(&plan.out_shape, &[n as isize, 1]);
-        let (offs, index) = (at(8192, g), at(4096, rows));
+        let (offs, src) = (at(8192, g), at(4096, rows));
         let gather = Fusion {
-            src: Some(&index),
+            src: Some(&src),
             ..Fusion::default()
         };
         let r = packed_request(&plan, &x, &w, Some(&offs), &gather, &c, (77, false)).unwrap();
@@ -669,22 +415,21 @@ mod tests {
     fn gathered_k_request_reads_the_source_rows() {
         let (rows_x, rows, k, n, g) = (10usize, 24usize, 16usize, 8usize, 3usize);
         let row_major = |r: usize, c: usize| t(&[r, c], &[c as isize, 1]);
-        let (offs, index) = (at(8192, g), at(4096, rows));
+        let (offs, src) = (at(8192, g), at(4096, rows));
         for src_b in [false, true] {
             let (a, b) = match src_b {
                 false => (row_major(rows_x, k), row_major(rows, n)),
                 true => (row_major(rows, k), row_major(rows_x, n)),
             };
-            let plan =
-                crate::shape::plan_gather_k(&a.layout, &b.layout, &index.layout, g, src_b, false)
-                    .unwrap();
+            let ab = (&a.layout, &b.layout);
+            let plan = plan(Form::GroupedK, ab, Some((&src, src_b)), Epilogue::Plain, g).product;
             let c = t(&plan.out_shape, &[(k * n) as isize, n as isize, 1]);
             let gather = Fusion {
-                src: Some(&index),
+                src: Some(&src),
                 src_b,
                 ..Fusion::default()
             };
-            let at = crate::layout::Transposable::transposed(&a);
+            let at = Transposable::transposed(&a);
             let r = packed_request(&plan, &at, &b, Some(&offs), &gather, &c, (77, false)).unwrap();
             assert_eq!(r.form, ffi::Form::GroupedK);
             assert_eq!((r.groups, r.m, r.n, r.k), (3, 16, 8, 24));
@@ -712,7 +457,7 @@ mod tests {
         let x = t(&[rows_x, k], &[k as isize, 1]);
         // w [G, K, 2F] column-major in its last two dims (an [E, 2F, K] weight's view)
         let w = t(&[g, k, 2 * f], &[(k * 2 * f) as isize, 1, k as isize]);
-        let index = IntTensor {
+        let src = IntTensor {
             ptr: 4096,
             layout: Layout::new(&[rows], &[1]),
             device: Device::Cuda(0),
@@ -721,18 +466,21 @@ mod tests {
         };
         let offs = IntTensor {
             ptr: 8192,
-            ..index.clone()
+            ..src.clone()
         };
-        let d = crate::shape::plan_swiglu_mm(&x.layout, &w.layout, Some(&index.layout), g).unwrap();
+        let xw = (&x.layout, &w.layout);
+        let d = plan(Form::GroupedM, xw, Some((&src, false)), Epilogue::SwiGLU, g);
         let [pre, act] = [0, 1].map(|i| Tensor {
             ptr: 1 << (20 + i),
             layout: Layout::contiguous(&d.out_shapes()[i]),
             ..x.clone()
         });
         let fusion = Fusion {
-            src: Some(&index),
+            src: Some(&src),
             src_b: false,
-            epilogue: Epilogue::SwiGLU { act: &act },
+            epilogue: Epilogue::SwiGLU,
+            act: Some(&act),
+            partial: None,
         };
         let r =
             packed_request(&d.product, &x, &w, Some(&offs), &fusion, &pre, (77, false)).unwrap();
@@ -773,15 +521,11 @@ mod tests {
         };
         let pre = tensor(1 << 20, &[rows, 2 * f], DType::BF16);
         let scale = tensor(1 << 21, &[rows], DType::F32);
-        let d = crate::shape::plan_dgated_mm(
-            &dy.layout,
-            &w.layout,
-            &pre.layout,
-            &scale.layout,
-            None,
-            g,
-        )
-        .unwrap();
+        let epilogue = Epilogue::DGated {
+            pre: &pre.layout,
+            scale: &scale.layout,
+        };
+        let d = plan(Form::GroupedM, (&dy.layout, &w.layout), None, epilogue, g);
         let shapes = d.out_shapes();
         assert_eq!(shapes[2], [2, rows], "ceil(72 / 64) chunks");
         let dpre = tensor(1 << 22, &shapes[0], DType::BF16);
@@ -791,13 +535,13 @@ mod tests {
             src: None,
             src_b: false,
             epilogue: Epilogue::DGated {
-                act: &act,
                 pre: &pre,
                 scale: &scale,
-                partial: &partial,
             },
+            act: Some(&act),
+            partial: Some(&partial),
         };
-        let wt = crate::layout::Transposable::transposed(&w);
+        let wt = Transposable::transposed(&w);
         let r = packed_request(
             &d.product,
             &dy,
@@ -851,26 +595,5 @@ mod tests {
             (4096, 0, 8192, 12288, 16384)
         );
         assert_eq!((r.device, r.scratch, r.stream), (1, 0, 77));
-    }
-
-    #[test]
-    fn build_info_matches_compiled() {
-        assert_eq!(build_info().is_some(), compiled());
-        if let Some(info) = build_info() {
-            assert!(!info.archs.is_empty());
-            assert!(!info.cuda_runtime.is_empty());
-            assert!(info.cutlass.chars().next().unwrap().is_ascii_digit());
-        }
-    }
-
-    /// Without a GPU (or without CUDA in the build) a CUDA call comes back as an error,
-    /// never a crash.
-    #[test]
-    fn no_gpu_is_an_error() {
-        match take_offs_error(0) {
-            Err(Error::Cuda(msg)) => assert!(!msg.is_empty()),
-            Ok(_) => {} // a machine with a GPU
-            other => panic!("expected Error::Cuda, got {other:?}"),
-        }
     }
 }
