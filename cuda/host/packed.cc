@@ -46,12 +46,12 @@ bool varlen_args(const PackedRequest& r, const PackedDesc& d, const PackedPlan& 
   }
   x.a = reinterpret_cast<const void*>(d.a.ptr);
   x.lda = d.a.ld;
-  x.gather = reinterpret_cast<const int*>(r.fusion.src);
+  x.src = reinterpret_cast<const int*>(r.fusion.src);
   if (r.fusion.src != 0) {
     // The gathered operand's source rows: a's rows (GroupedM: x [rows, K]), the columns of
     // a = x^T (GroupedK, A gathered) or b's rows (GroupedK, B = dY gathered).
     x.gather_op = r.fusion.src_b ? varlen::Gather::B : varlen::Gather::A;
-    x.src_rows = r.fusion.src_b ? r.b.rows : x.mode == varlen::Mode::M ? r.a.rows : r.a.cols;
+    x.gathered_rows = r.fusion.src_b ? r.b.rows : x.mode == varlen::Mode::M ? r.a.rows : r.a.cols;
   }
   x.epi = r.fusion.epilogue;
   x.act = reinterpret_cast<void*>(r.fusion.act);

@@ -32,7 +32,7 @@ enum class Mode : uint8_t { M = 0, K = 1 };
 //   its epilogue, handed over as soon as the last wgmma of a tile is issued.
 enum class Schedule : uint8_t { Cooperative = 0, PingPong = 1 };
 
-// Which operand's token rows the producer warpgroup reads through Args::gather (cp.async:
+// Which operand's token rows the producer warpgroup reads through Args::src (cp.async:
 // sm_90's TMA cannot gather rows). varlen-M: A only; varlen-K: A (x^T) or B (dY).
 enum class Gather : uint8_t { None = 0, A = 1, B = 2 };
 
@@ -41,7 +41,7 @@ struct Config {
   Mode mode = Mode::M;
   Schedule schedule = Schedule::Cooperative;
   int bn = 128;                  // tile width (the tile is 128 rows)
-  Gather gather = Gather::None;  // the operand whose rows are read through Args::gather
+  Gather gather = Gather::None;  // the operand whose rows are read through Args::src
   // varlen-M: what the epilogue does beyond storing the product (Args::epi).
   Epilogue epi = Epilogue::Plain;
   constexpr bool operator==(const Config& o) const {
@@ -58,13 +58,14 @@ struct Args {
   const void* a = nullptr;
   int64_t lda = 0;
   // Gathered rows (Config::gather, set by gather_op): routed row r (varlen-M: row r of A;
-  // varlen-K: token r of A = x^T (Gather::A) or of B = dY (Gather::B)) is row gather[r] of
-  // the operand's tensor (a or b), which has src_rows rows (device int32 [m] varlen-M, [k]
-  // varlen-K, never read on the host; an index outside [0, src_rows) reads zeros and sets
-  // the deferred error flag). Null for the plain kernels.
-  const int* gather = nullptr;
+  // varlen-K: token r of A = x^T (Gather::A) or of B = dY (Gather::B)) is row src[r] of
+  // the operand's tensor (a or b), which has gathered_rows rows. src: the routed-row index
+  // (Fusion::src; device int32 [m] varlen-M, [k] varlen-K, never read on the host; an index
+  // outside [0, gathered_rows) reads zeros and sets the deferred error flag to kErrIndex).
+  // Null for the plain kernels.
+  const int* src = nullptr;
   Gather gather_op = Gather::None;
-  int64_t src_rows = 0;
+  int64_t gathered_rows = 0;
   // B: varlen-M [G, K, N], element (k, n) of group g at b + g*ldb_batch + k*ldb + n, or at
   //    b + g*ldb_batch + n*ldb + k when b_k_major (a transposed view: the dX product).
   //    varlen-K: dY [T, N] row-major (ldb = row stride).

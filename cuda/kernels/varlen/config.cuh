@@ -29,7 +29,7 @@ struct Cfg {
   static constexpr bool kBKMajor = kBKMajor_;  // varlen-M only; varlen-K's B is N-major
   static constexpr Schedule kSchedule = kSchedule_;
   static constexpr bool kPingPong = kSchedule == Schedule::PingPong;
-  // The operand whose token rows are read through gather[] (args.h), loaded by the producer
+  // The operand whose token rows are read through src[] (args.h), loaded by the producer
   // warpgroup with cp.async (TMA cannot gather rows on sm_90); the other one by TMA.
   static constexpr Gather kGatherOp = kGather_;
   static constexpr bool kGather = kGatherOp != Gather::None;
@@ -119,13 +119,14 @@ struct Params {
   const float* scale;
   float* partial;
   int f;  // F
-  // Gathered rows (Cfg::kGather): the gathered operand's tensor [src_rows, cols] with row
-  // stride src_ld (varlen-M: the activations, cols = K; varlen-K: x (cols = M) or dY (cols
-  // = N)), and the int32 source row of each routed row (m of them varlen-M, k varlen-K).
-  const void* src;
-  const int* gather;
-  int64_t src_ld;
-  int src_rows;
+  // Gathered rows (Cfg::kGather): the gathered operand's tensor [gathered_rows, cols] with
+  // row stride gathered_ld (varlen-M: the activations, cols = K; varlen-K: x (cols = M) or dY
+  // (cols = N)), and src, the routed-row index: the int32 source row of each routed row (m of
+  // them varlen-M, k varlen-K).
+  const void* gathered;
+  const int* src;
+  int64_t gathered_ld;
+  int gathered_rows;
 };
 
 __host__ __device__ constexpr int big() { return 1 << 30; }  // the ragged maps' bound

@@ -58,10 +58,10 @@ std::string run(const Args& x) {
   p.err_flag = x.err_flag;
   auto d1 = [](int64_t v) { return uint64_t(v > 0 ? v : 1); };  // extents never read stay legal
   std::string err;
-  p.src = C::kGatherOp == Gather::B ? x.b : x.a;
-  p.src_ld = C::kGatherOp == Gather::B ? x.ldb : x.lda;
-  p.gather = x.gather;
-  p.src_rows = int(x.src_rows);
+  p.gathered = C::kGatherOp == Gather::B ? x.b : x.a;
+  p.gathered_ld = C::kGatherOp == Gather::B ? x.ldb : x.lda;
+  p.src = x.src;
+  p.gathered_rows = int(x.gathered_rows);
   if constexpr (C::kMode == Mode::M) {
     if constexpr (!C::kGather) {
       const uint64_t da[2] = {d1(x.k), d1(x.m)}, sa[1] = {uint64_t(x.lda) * es};
