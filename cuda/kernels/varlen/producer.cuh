@@ -21,28 +21,22 @@ __device__ __forceinline__ int k_blocks(const Params& p, const Tile& tile) {
 }
 
 // varlen-M: the B tile of k-block kb (the weights of the tile's group), by TMA. One thread.
+// An epilogue that reads B its own way (kLoadsB: SwiGLU's halves) loads it itself.
 template <class C>
-__device__ __forceinline__ void load_b_m(const Params& p, const Tile& tile, int kb, uint64_t* bar,
-                                         typename C::T* sb) {
-  const uint64_t hint = static_cast<uint64_t>(TMA::CacheHintSm90::EVICT_NORMAL);
-  if constexpr (C::kEpi == Epilogue::SwiGLU) {
-    // The tile's 64 gate columns, then the same 64 columns of the up half: both 64 x BK
-    // boxes land where a 128-column tile's two halves would (either major).
-    const int j0 = tile.n0 / 2;
-    if constexpr (C::kBKMajor) {
-      SM90_TMA_LOAD_3D::copy(&p.tma_b, bar, hint, sb, kb * C::BK, j0, tile.group);
-      SM90_TMA_LOAD_3D::copy(&p.tma_b2, bar, hint, sb + 64 * C::BK, kb * C::BK, j0, tile.group);
-    } else {
-      SM90_TMA_LOAD_3D::copy(&p.tma_b, bar, hint, sb, j0, kb * C::BK, tile.group);
-      SM90_TMA_LOAD_3D::copy(&p.tma_b2, bar, hint, sb + 64 * C::BK, j0, kb * C::BK, tile.group);
-    }
-  } else if constexpr (C::kBKMajor) {
-    SM90_TMA_LOAD_3D::copy(&p.tma_b, bar, hint, sb, kb * C::BK, tile.n0, tile.group);
+__device__ __forceinline__ void load_b_m(const typename C::Params& p, const Tile& tile, int kb,
+                                         uint64_t* bar, typename C::T* sb) {
+  if constexpr (C::Epi::kLoadsB) {
+    C::Epi::template load_b<C>(p, tile, kb, bar, sb);
   } else {
-    CUTE_UNROLL
-    for (int j = 0; j < C::BN / 64; ++j) {
-      SM90_TMA_LOAD_3D::copy(&p.tma_b, bar, hint, sb + j * 64 * C::BK, tile.n0 + 64 * j, kb * C::BK,
-                             tile.group);
+    const uint64_t hint = static_cast<uint64_t>(TMA::CacheHintSm90::EVICT_NORMAL);
+    if constexpr (C::kBKMajor) {
+      SM90_TMA_LOAD_3D::copy(&p.tma_b, bar, hint, sb, kb * C::BK, tile.n0, tile.group);
+    } else {
+      CUTE_UNROLL
+      for (int j = 0; j < C::BN / 64; ++j) {
+        SM90_TMA_LOAD_3D::copy(&p.tma_b, bar, hint, sb + j * 64 * C::BK, tile.n0 + 64 * j,
+                               kb * C::BK, tile.group);
+      }
     }
   }
 }
@@ -55,8 +49,8 @@ __device__ __forceinline__ void load_b_m(const Params& p, const Tile& tile, int 
 // out of [0, gathered_rows) and columns past K are zero-filled without reading memory; an index out
 // of range also sets the deferred error flag to kErrIndex (reported at the next call).
 template <class C, class Pipeline, class Sched>
-__device__ __forceinline__ void produce_gathered(const Params& p, Pipeline& pipeline, Sched& sched,
-                                                 typename C::Smem& smem, int pt) {
+__device__ __forceinline__ void produce_gathered(const typename C::Params& p, Pipeline& pipeline,
+                                                 Sched& sched, typename C::Smem& smem, int pt) {
   using T = typename C::T;
   constexpr int BM = C::BM, BK = C::BK, kRows = BM / 16;
   static_assert(BK * int(sizeof(T)) == 128, "one 128-byte swizzle row per A row and k-block");
@@ -216,8 +210,8 @@ __device__ __forceinline__ void produce_gathered_k(const Params& p, Pipeline& pi
 // The TMA producer (one warp; lane 0 issues): every k-block of every tile of this CTA into
 // the ring, in the order the consumers read it.
 template <class C, class Pipeline, class Sched>
-__device__ __forceinline__ void produce_tma(const Params& p, Pipeline& pipeline, Sched& sched,
-                                            typename C::Smem& smem, int lane) {
+__device__ __forceinline__ void produce_tma(const typename C::Params& p, Pipeline& pipeline,
+                                            Sched& sched, typename C::Smem& smem, int lane) {
   using T = typename C::T;
   constexpr int BM = C::BM, BN = C::BN, BK = C::BK;
   auto ws = cutlass::make_producer_start_state<Pipeline>();
