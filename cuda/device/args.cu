@@ -175,7 +175,7 @@ __global__ void __launch_bounds__(kBuilderThreads) build_packed_args(PackedDesc 
       const int64_t raw = d.offs[g];
       const int64_t prev = g == 0 ? 0 : d.offs[g - 1];
       if (writer && (raw < 0 || raw > ext || raw < prev) && d.err_flag != nullptr) {
-        *reinterpret_cast<volatile int*>(d.err_flag) = 1;
+        *reinterpret_cast<volatile int*>(d.err_flag) = kErrOffs;
       }
       v = clamp64(raw, 0, ext);
     }

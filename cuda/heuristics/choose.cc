@@ -136,7 +136,7 @@ varlen::Config auto_config(varlen::Mode mode, int64_t n) {
 // The varlen kernel for a call of `mode` with N = n: the forced configuration where this
 // build has it for the mode (the file comments of kernels/sm90_*_varlen_*.cu list them),
 // else the rule's.
-const KernelEntry* varlen_kernel(DType dtype, varlen::Mode mode, int64_t n) {
+const KernelEntry* choose_varlen(DType dtype, varlen::Mode mode, int64_t n) {
   static const std::optional<varlen::Config> forced =
       env_choice("GROUPMM_SM90_VARLEN_CONFIG", kVarlenNames);
   if (forced) {
@@ -205,7 +205,7 @@ PackedChoice choose_packed(const PackedCall& c, const DevInfo& dev) {
                                                      256, varlen::Gather::A});
       }
     } else if (use_varlen()) {
-      ch.varlen = varlen_kernel(c.in, c.varlen->mode, c.varlen->n);
+      ch.varlen = choose_varlen(c.in, c.varlen->mode, c.varlen->n);
     }
     if (ch.varlen != nullptr) return ch;
   }

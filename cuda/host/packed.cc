@@ -12,6 +12,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <variant>
 
 namespace gmm {
 namespace {
@@ -27,6 +28,28 @@ std::string context(const PackedRequest& r) {
   return std::string("groupmm CUDA (") + form_name(r.form) + ", dtype " + dtype_name(r.dtype) +
          ", out " + dtype_name(r.out_dtype) + ", " + std::to_string(r.groups) + " groups, device " +
          std::to_string(r.device) + "): ";
+}
+
+// The fusion's epilogue as the varlen kernels read it: its block of the arguments
+// (kernels/varlen/epilogue/<name>.h).
+varlen::EpiArgs epi_args(const Fusion& f) {
+  switch (f.epilogue) {
+    case Epilogue::Plain: break;
+    case Epilogue::SwiGLU: {
+      varlen::SwigluArgs e;
+      e.act = reinterpret_cast<void*>(f.act);
+      return e;
+    }
+    case Epilogue::DGated: {
+      varlen::DgatedArgs e;
+      e.act = reinterpret_cast<void*>(f.act);
+      e.pre = reinterpret_cast<const void*>(f.pre);
+      e.scale = reinterpret_cast<const float*>(f.scale);
+      e.partial = reinterpret_cast<float*>(f.partial);
+      return e;
+    }
+  }
+  return varlen::PlainArgs{};
 }
 
 // The call as the varlen kernels would read it (kernels/varlen/args.h): a GroupedM call with
@@ -46,18 +69,14 @@ bool varlen_args(const PackedRequest& r, const PackedDesc& d, const PackedPlan& 
   }
   x.a = reinterpret_cast<const void*>(d.a.ptr);
   x.lda = d.a.ld;
-  x.gather = reinterpret_cast<const int*>(r.fusion.src);
+  x.src = reinterpret_cast<const int*>(r.fusion.src);
   if (r.fusion.src != 0) {
     // The gathered operand's source rows: a's rows (GroupedM: x [rows, K]), the columns of
     // a = x^T (GroupedK, A gathered) or b's rows (GroupedK, B = dY gathered).
     x.gather_op = r.fusion.src_b ? varlen::Gather::B : varlen::Gather::A;
-    x.src_rows = r.fusion.src_b ? r.b.rows : x.mode == varlen::Mode::M ? r.a.rows : r.a.cols;
+    x.gathered_rows = r.fusion.src_b ? r.b.rows : x.mode == varlen::Mode::M ? r.a.rows : r.a.cols;
   }
-  x.epi = r.fusion.epilogue;
-  x.act = reinterpret_cast<void*>(r.fusion.act);
-  x.pre = reinterpret_cast<const void*>(r.fusion.pre);
-  x.scale = reinterpret_cast<const float*>(r.fusion.scale);
-  x.partial = reinterpret_cast<float*>(r.fusion.partial);
+  x.epi = epi_args(r.fusion);
   x.b = reinterpret_cast<const void*>(d.b.ptr);
   x.ldb = d.b.ld;
   x.ldb_batch = d.b.bs;
@@ -223,9 +242,8 @@ PackedSubmit submit_packed(const PackedRequest& r, uint64_t workspace, size_t wo
       throw std::runtime_error("internal: gathered B rows (fusion.src_b) need the GroupedK form");
     }
     if (r.fusion.epilogue != Epilogue::Plain &&
-        (r.form != Form::GroupedM || r.fusion.act == 0 ||
-         (r.fusion.epilogue == Epilogue::DGated &&
-          (r.fusion.pre == 0 || r.fusion.scale == 0 || r.fusion.partial == 0)))) {
+        (r.form != Form::GroupedM ||
+         !std::visit([](const auto& e) { return e.given(); }, epi_args(r.fusion)))) {
       throw std::runtime_error(
           "internal: a fused epilogue needs the GroupedM form and its operands");
     }

@@ -3,14 +3,16 @@
 // packed rows or rows gathered through an index) and DGated (its down projection's
 // backward, on packed rows of dY or rows gathered through the index). sm_90a only (build/).
 #include "kernels/varlen/entries.cuh"
+#include "kernels/varlen/epilogue/dgated.cuh"
+#include "kernels/varlen/epilogue/swiglu.cuh"
 
 namespace gmm {
 using namespace varlen;
 using T = cutlass::bfloat16_t;
 GMM_KERNEL_LIST(
     sm90_bf16_varlen_m_fused,
-    (entry<T, DType::BF16, Mode::M, 128, Schedule::PingPong, Gather::None, Epilogue::SwiGLU>()),
-    (entry<T, DType::BF16, Mode::M, 128, Schedule::PingPong, Gather::A, Epilogue::SwiGLU>()),
-    (entry<T, DType::BF16, Mode::M, 128, Schedule::PingPong, Gather::None, Epilogue::DGated>()),
-    (entry<T, DType::BF16, Mode::M, 128, Schedule::PingPong, Gather::A, Epilogue::DGated>()))
+    (entry<T, DType::BF16, Mode::M, 128, Schedule::PingPong, Gather::None, SwigluEpi>()),
+    (entry<T, DType::BF16, Mode::M, 128, Schedule::PingPong, Gather::A, SwigluEpi>()),
+    (entry<T, DType::BF16, Mode::M, 128, Schedule::PingPong, Gather::None, DgatedEpi>()),
+    (entry<T, DType::BF16, Mode::M, 128, Schedule::PingPong, Gather::A, DgatedEpi>()))
 }  // namespace gmm

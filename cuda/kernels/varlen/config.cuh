@@ -1,11 +1,19 @@
 // A varlen kernel's compile-time configuration: element type, form, B's major, tile width,
-// consumer schedule, gathered rows; the shared-memory layout that follows from it; and the
-// kernel's parameters. Device code (nvcc only).
+// consumer schedule, gathered rows, epilogue policy (epilogue/); the shared-memory layout
+// that follows from it; the kernel's parameters and the host's encoders of their tensor
+// maps. Device code (nvcc only).
+//
+// The ragged maps (the trick of Triton's tools/ragged_tma.py and quack): a 2-D [rows, C]
+// tensor with row stride s is described as 4-D (C, 2^30, 2^31-1, 2^31-1) with strides
+// (s, 2^34 - s, s) elements. Coordinates (c, 2^30 - len + r, 2^30, start + len) address
+// row start + r (the 2^30 * 2^34 term wraps to 0 modulo 2^64) and the bound 2^30 of the
+// second one cuts every row r >= len: loads read zeros there and stores skip it.
 #pragma once
 #include "kernels/varlen/args.h"
 
 #include <cuda.h>
 
+#include <string>
 #include <type_traits>
 
 #include "cute/arch/copy_sm90_tma.hpp"
@@ -20,28 +28,54 @@ namespace gmm::varlen {
 
 using namespace cute;
 
+struct PlainEpi;  // epilogue/plain.cuh
+
+// The kernel's parameters that every role reads, whatever the epilogue.
+struct Params {
+  CUtensorMap tma_a;  // varlen-M: 2-D [T, K]; varlen-K: ragged 4-D over x [T, M]
+  CUtensorMap tma_b;  // varlen-M: 3-D [G, K, N] (either major); varlen-K: ragged 4-D over dY
+  CUtensorMap tma_d;  // varlen-M: ragged 4-D over D [T, N]; varlen-K: 3-D [G, M, N]
+                      // (an epilogue may use tma_b and tma_d its own way: epilogue/)
+  const int* offs;
+  int groups;
+  int m, n, k;
+  int* err_flag;
+  // Gathered rows (Cfg::kGather): the gathered operand's tensor [gathered_rows, cols] with
+  // row stride gathered_ld (varlen-M: the activations, cols = K; varlen-K: x (cols = M) or dY
+  // (cols = N)), and src, the routed-row index: the int32 source row of each routed row (m of
+  // them varlen-M, k varlen-K).
+  const void* gathered;
+  const int* src;
+  int64_t gathered_ld;
+  int gathered_rows;
+};
+
+// The parameters of a kernel with epilogue policy E: the common ones and the epilogue's own.
+template <class E>
+struct KernelParams : Params {
+  typename E::Params epi;
+};
+
 template <class T_, Mode kMode_, bool kBKMajor_, int BN_,
           Schedule kSchedule_ = Schedule::Cooperative, Gather kGather_ = Gather::None,
-          Epilogue kEpi_ = Epilogue::Plain>
+          class Epi_ = PlainEpi>
 struct Cfg {
   using T = T_;
   static constexpr Mode kMode = kMode_;
   static constexpr bool kBKMajor = kBKMajor_;  // varlen-M only; varlen-K's B is N-major
   static constexpr Schedule kSchedule = kSchedule_;
   static constexpr bool kPingPong = kSchedule == Schedule::PingPong;
-  // The operand whose token rows are read through gather[] (args.h), loaded by the producer
+  // The operand whose token rows are read through src[] (args.h), loaded by the producer
   // warpgroup with cp.async (TMA cannot gather rows on sm_90); the other one by TMA.
   static constexpr Gather kGatherOp = kGather_;
   static constexpr bool kGather = kGatherOp != Gather::None;
   static_assert(kGatherOp != Gather::B || kMode == Mode::K, "gathered B: varlen-K only");
   static constexpr int BM = 128, BN = BN_, BK = 64;
-  // The fused epilogues (args.h): a ping-pong warpgroup's 128 x 128 tile is 64 gate and 64
-  // up columns (SwiGLU, B read as two 64-column halves) or 128 columns of p (DGated).
-  static constexpr Epilogue kEpi = kEpi_;
-  static_assert(kEpi == Epilogue::Plain ||
-                    (kMode == Mode::M && kSchedule == Schedule::PingPong && BN == 128),
-                "fused epilogues: varlen-M, ping-pong 128 x 128");
-  static constexpr Config kConfig{kMode, kSchedule, BN, kGatherOp, kEpi};
+  // The epilogue policy (epilogue/common.cuh says what one holds) and its kernel parameters.
+  using Epi = Epi_;
+  using Params = KernelParams<Epi>;
+  static_assert(Epi::fits(kMode, kSchedule, BN), "the epilogue does not run in this configuration");
+  static constexpr Config kConfig{kMode, kSchedule, BN, kGatherOp, Epi::kEpi};
   static constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
   static constexpr bool kAKMajor = kMode == Mode::M;
   static constexpr GMMA::Major kMajA = kAKMajor ? GMMA::Major::K : GMMA::Major::MN;
@@ -95,39 +129,43 @@ struct Cfg {
     // of the store boxes.
     alignas(1024) T d[kDElems];
     typename Pipeline::SharedStorage pipe;
-    // DGated: per consumer warpgroup, the barrier its TMA loads of pre's chunks arrive on.
-    alignas(8) uint64_t epi_bar[2];
+    typename Epi::Smem epi;  // the epilogue's own
   };
   static constexpr int kSmemBytes = int(sizeof(Smem));
   static_assert(kSmemBytes <= kSmemLimit, "shared memory");
 };
 
-struct Params {
-  CUtensorMap tma_a;  // varlen-M: 2-D [T, K]; varlen-K: ragged 4-D over x [T, M]
-  CUtensorMap tma_b;  // varlen-M: 3-D [G, K, N] (either major); varlen-K: ragged 4-D over dY
-  CUtensorMap tma_d;  // varlen-M: ragged 4-D over D [T, N]; varlen-K: 3-D [G, M, N]
-  const int* offs;
-  int groups;
-  int m, n, k;
-  int* err_flag;
-  // The fused epilogues (args.h). SwiGLU: tma_b is B's gate half and tma_b2 its up half
-  // (F columns each), tma_d and tma_d2 the two halves of pre; DGated: tma_d and tma_d2 the
-  // two halves of dpre. tma_act: act [m, F] (ragged, like tma_d).
-  CUtensorMap tma_b2, tma_d2, tma_act;
-  CUtensorMap tma_pre, tma_pre2;  // DGated: pre's gate and up halves (ragged, F columns)
-  const void* pre;                // DGated: [m, 2F]
-  const float* scale;
-  float* partial;
-  int f;  // F
-  // Gathered rows (Cfg::kGather): the gathered operand's tensor [src_rows, cols] with row
-  // stride src_ld (varlen-M: the activations, cols = K; varlen-K: x (cols = M) or dY (cols
-  // = N)), and the int32 source row of each routed row (m of them varlen-M, k varlen-K).
-  const void* src;
-  const int* gather;
-  int64_t src_ld;
-  int src_rows;
-};
-
 __host__ __device__ constexpr int big() { return 1 << 30; }  // the ragged maps' bound
+
+// An extent of a tensor map: one where the call has none (never read, still legal).
+inline uint64_t extent(int64_t v) { return uint64_t(v > 0 ? v : 1); }
+
+inline std::string encode(CUtensorMap* map, CUtensorMapDataType dt, int rank, const void* base,
+                          const uint64_t* dims, const uint64_t* strides_bytes, const uint32_t* box,
+                          const char* what) {
+  const cuuint32_t unit[5] = {1, 1, 1, 1, 1};
+  const CUresult r = cuTensorMapEncodeTiled(
+      map, dt, cuuint32_t(rank), const_cast<void*>(base), reinterpret_cast<const cuuint64_t*>(dims),
+      reinterpret_cast<const cuuint64_t*>(strides_bytes), reinterpret_cast<const cuuint32_t*>(box),
+      unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    return std::string("cuTensorMapEncodeTiled (") + what + ") failed with CUresult " +
+           std::to_string(int(r));
+  }
+  return "";
+}
+
+// A ragged 4-D map over a 2-D [rows, cols] operand with row stride s (elements).
+inline std::string encode_ragged(CUtensorMap* map, CUtensorMapDataType dt, const void* base,
+                                 int cols, int64_t s, uint32_t box_cols, uint32_t box_rows,
+                                 const char* what) {
+  const uint64_t es = 2, u = uint64_t(s);
+  const uint64_t dims[4] = {uint64_t(cols > 0 ? cols : 1), uint64_t(big()), 0x7fffffffull,
+                            0x7fffffffull};
+  const uint64_t str[3] = {u * es, ((uint64_t(1) << 34) - u) * es, u * es};
+  const uint32_t box[4] = {box_cols, box_rows, 1, 1};
+  return encode(map, dt, 4, base, dims, str, box, what);
+}
 
 }  // namespace gmm::varlen

@@ -7,9 +7,9 @@
 
 namespace gmm::varlen {
 
-// Runs one call with configuration (kMode, BN, S, G, E) for element type T; varlen-M picks
-// the instantiation of the weights' major.
-template <class T, Mode kMode, int BN, Schedule S, Gather G, Epilogue E>
+// Runs one call with configuration (kMode, BN, S, G, epilogue policy E) for element type T;
+// varlen-M picks the instantiation of the weights' major.
+template <class T, Mode kMode, int BN, Schedule S, Gather G, class E>
 std::string run_config(const Args& x) {
   if constexpr (kMode == Mode::M) {
     return x.b_k_major ? run<Cfg<T, Mode::M, true, BN, S, G, E>>(x)
@@ -19,8 +19,9 @@ std::string run_config(const Args& x) {
   }
 }
 
+// E: an epilogue policy (kernels/varlen/epilogue/), whose header the kernel file includes.
 template <class T, DType DT, Mode kMode, int BN, Schedule S, Gather G = Gather::None,
-          Epilogue E = Epilogue::Plain>
+          class E = PlainEpi>
 constexpr KernelEntry entry() {
   return KernelEntry{Engine::kSm90Varlen,
                      DT,
@@ -28,7 +29,7 @@ constexpr KernelEntry entry() {
                      Sm90Tile::kNone,
                      nullptr,
                      nullptr,
-                     Config{kMode, S, BN, G, E},
+                     Config{kMode, S, BN, G, E::kEpi},
                      &run_config<T, kMode, BN, S, G, E>};
 }
 

@@ -9,7 +9,7 @@
 //   exact zeros from the same kernel.
 // - Persistent CTAs (one per SM): a producer warpgroup (producer.cuh) fills a ring of
 //   `kStages` stages; two consumer warpgroups run wgmma (mainloop.cuh) and the epilogue
-//   (epilogue.cuh), in one of two schedules:
+//   (epilogue/: the plain one, or C::Epi's in ping-pong), in one of two schedules:
 //   Cooperative: both on one 128 x BN tile, 64 rows each.
 //   PingPong: tiles alternate between the warpgroups. A warpgroup starts a tile's
 //     mainloop when the other has issued the last wgmma of its previous tile (named
@@ -18,7 +18,7 @@
 //     skips the other's k-blocks in the ring (it never waits on a stage more than one lap
 //     ahead of the producer: the other warpgroup has waited on every stage before it).
 #pragma once
-#include "kernels/varlen/epilogue.cuh"
+#include "kernels/varlen/epilogue/plain.cuh"
 #include "kernels/varlen/mainloop.cuh"
 #include "kernels/varlen/producer.cuh"
 
@@ -26,6 +26,7 @@
 
 namespace gmm::varlen {
 
+// The plain epilogue only (fused ones are ping-pong: their fits()).
 template <class C, class Pipeline, class Sched>
 __device__ __forceinline__ void consume_cooperative(const Params& p, Pipeline& pipeline,
                                                     Sched& sched, typename C::Smem& smem, int cwg,
@@ -60,8 +61,9 @@ __device__ __forceinline__ void consume_cooperative(const Params& p, Pipeline& p
 }
 
 template <class C, class Pipeline, class Sched>
-__device__ __forceinline__ void consume_pingpong(const Params& p, Pipeline& pipeline, Sched& sched,
-                                                 typename C::Smem& smem, int cwg, int lt) {
+__device__ __forceinline__ void consume_pingpong(const typename C::Params& p, Pipeline& pipeline,
+                                                 Sched& sched, typename C::Smem& smem, int cwg,
+                                                 int lt) {
   constexpr int BM = C::BM, BN = C::BN;
   typename C::TiledMma mma;
   auto thr = mma.get_thread_slice(lt);
@@ -70,7 +72,7 @@ __device__ __forceinline__ void consume_pingpong(const Params& p, Pipeline& pipe
   Tensor tCrB = thr.make_fragment_B(
       thr.partition_B(make_tensor(make_smem_ptr(smem.b), typename C::SmemLayoutB{})));
   typename Pipeline::PipelineState rs, fs;
-  int chunk = 0;  // this warpgroup's epilogue chunks so far
+  int chunk = 0;  // this warpgroup's epilogue count (the epilogue's: chunks, barrier uses)
   int i = 0;      // the CTA's tile count so far; tile i is warpgroup i % 2's
   for (int t = blockIdx.x;; t += gridDim.x, ++i) {
     const Tile tile = sched.get(t);
@@ -90,18 +92,19 @@ __device__ __forceinline__ void consume_pingpong(const Params& p, Pipeline& pipe
     };
     if (kbs == 0) {
       hand_off();
-      pp_store<C, true>(p, tile, 0, smem, cwg, lt, chunk);
+      C::Epi::template store<C, true>(p, tile, 0, smem, cwg, lt, chunk);
       continue;
     }
     Tensor acc = partition_fragment_C(mma, Shape<Int<BM>, Int<BN>>{});
     mma_tile<C>(mma, tCrA, tCrB, acc, pipeline, rs, fs, kbs, hand_off);
-    pp_store<C, false>(p, tile, acc, smem, cwg, lt, chunk);
+    C::Epi::template store<C, false>(p, tile, acc, smem, cwg, lt, chunk);
   }
   if (lt == 0) tma_store_wait<0>();
 }
 
 template <class C>
-__global__ void __launch_bounds__(C::kThreads, 1) varlen_kernel(const __grid_constant__ Params p) {
+__global__ void __launch_bounds__(C::kThreads, 1)
+    varlen_kernel(const __grid_constant__ typename C::Params p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Pipeline = typename C::Pipeline;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -117,13 +120,7 @@ __global__ void __launch_bounds__(C::kThreads, 1) varlen_kernel(const __grid_con
   pp.num_producers = C::kGather ? 1 + 128 : 1;
   pp.initializing_warp = 0;
   Pipeline pipeline(smem.pipe, pp, Shape<_1, _1, _1>{});
-  if constexpr (C::kEpi == Epilogue::DGated) {
-    if (threadIdx.x == 0) {
-      cutlass::arch::ClusterBarrier::init(&smem.epi_bar[0], 1);
-      cutlass::arch::ClusterBarrier::init(&smem.epi_bar[1], 1);
-    }
-    cutlass::arch::fence_barrier_init();
-  }
+  C::Epi::template init<C>(smem.epi);
   __syncthreads();
 
   Scheduler<C::kMode, C::BM, C::BN> sched(p);

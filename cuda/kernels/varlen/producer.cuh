@@ -21,28 +21,22 @@ __device__ __forceinline__ int k_blocks(const Params& p, const Tile& tile) {
 }
 
 // varlen-M: the B tile of k-block kb (the weights of the tile's group), by TMA. One thread.
+// An epilogue that reads B its own way (kLoadsB: SwiGLU's halves) loads it itself.
 template <class C>
-__device__ __forceinline__ void load_b_m(const Params& p, const Tile& tile, int kb, uint64_t* bar,
-                                         typename C::T* sb) {
-  const uint64_t hint = static_cast<uint64_t>(TMA::CacheHintSm90::EVICT_NORMAL);
-  if constexpr (C::kEpi == Epilogue::SwiGLU) {
-    // The tile's 64 gate columns, then the same 64 columns of the up half: both 64 x BK
-    // boxes land where a 128-column tile's two halves would (either major).
-    const int j0 = tile.n0 / 2;
-    if constexpr (C::kBKMajor) {
-      SM90_TMA_LOAD_3D::copy(&p.tma_b, bar, hint, sb, kb * C::BK, j0, tile.group);
-      SM90_TMA_LOAD_3D::copy(&p.tma_b2, bar, hint, sb + 64 * C::BK, kb * C::BK, j0, tile.group);
-    } else {
-      SM90_TMA_LOAD_3D::copy(&p.tma_b, bar, hint, sb, j0, kb * C::BK, tile.group);
-      SM90_TMA_LOAD_3D::copy(&p.tma_b2, bar, hint, sb + 64 * C::BK, j0, kb * C::BK, tile.group);
-    }
-  } else if constexpr (C::kBKMajor) {
-    SM90_TMA_LOAD_3D::copy(&p.tma_b, bar, hint, sb, kb * C::BK, tile.n0, tile.group);
+__device__ __forceinline__ void load_b_m(const typename C::Params& p, const Tile& tile, int kb,
+                                         uint64_t* bar, typename C::T* sb) {
+  if constexpr (C::Epi::kLoadsB) {
+    C::Epi::template load_b<C>(p, tile, kb, bar, sb);
   } else {
-    CUTE_UNROLL
-    for (int j = 0; j < C::BN / 64; ++j) {
-      SM90_TMA_LOAD_3D::copy(&p.tma_b, bar, hint, sb + j * 64 * C::BK, tile.n0 + 64 * j, kb * C::BK,
-                             tile.group);
+    const uint64_t hint = static_cast<uint64_t>(TMA::CacheHintSm90::EVICT_NORMAL);
+    if constexpr (C::kBKMajor) {
+      SM90_TMA_LOAD_3D::copy(&p.tma_b, bar, hint, sb, kb * C::BK, tile.n0, tile.group);
+    } else {
+      CUTE_UNROLL
+      for (int j = 0; j < C::BN / 64; ++j) {
+        SM90_TMA_LOAD_3D::copy(&p.tma_b, bar, hint, sb + j * 64 * C::BK, tile.n0 + 64 * j,
+                               kb * C::BK, tile.group);
+      }
     }
   }
 }
@@ -52,37 +46,37 @@ __device__ __forceinline__ void load_b_m(const Params& p, const Tile& tile, int 
 // units XOR-ed with row % 8): thread pt owns unit pt % 8 of rows pt / 8 + 16 i. Each thread's
 // cp.async completions arrive on the stage's full barrier (noinc: the barrier counts 1 + 128
 // arrivals); thread 0 adds the B tile by TMA. Rows past the group's end, rows whose index is
-// out of [0, src_rows) and columns past K are zero-filled without reading memory; an index out
+// out of [0, gathered_rows) and columns past K are zero-filled without reading memory; an index out
 // of range also sets the deferred error flag to kErrIndex (reported at the next call).
 template <class C, class Pipeline, class Sched>
-__device__ __forceinline__ void produce_gathered(const Params& p, Pipeline& pipeline, Sched& sched,
-                                                 typename C::Smem& smem, int pt) {
+__device__ __forceinline__ void produce_gathered(const typename C::Params& p, Pipeline& pipeline,
+                                                 Sched& sched, typename C::Smem& smem, int pt) {
   using T = typename C::T;
   constexpr int BM = C::BM, BK = C::BK, kRows = BM / 16;
   static_assert(BK * int(sizeof(T)) == 128, "one 128-byte swizzle row per A row and k-block");
   const int unit = pt % 8, r0 = pt / 8;
   const uint32_t off = uint32_t(r0 * 128 + ((unit ^ (r0 % 8)) << 4));
-  const char* abase = static_cast<const char*>(p.src);
-  const int64_t row_bytes = p.src_ld * int64_t(sizeof(T));
+  const char* abase = static_cast<const char*>(p.gathered);
+  const int64_t row_bytes = p.gathered_ld * int64_t(sizeof(T));
   auto ws = cutlass::make_producer_start_state<Pipeline>();
   for (int t = blockIdx.x;; t += gridDim.x) {
     const Tile tile = sched.get(t);
     if (!tile.valid) break;
     if (tile.group >= p.groups) continue;  // the zero tail: no k-blocks
     const int end = tile.start + tile.len;
-    int src[kRows];
+    int srow[kRows];  // the source row of each of the thread's rows, or -1
     CUTE_UNROLL
     for (int i = 0; i < kRows; ++i) {
       const int row = tile.m0 + r0 + 16 * i;
       int v = -1;
       if (row < end) {
-        v = __ldg(p.gather + row);
-        if (v < 0 || v >= p.src_rows) {
+        v = __ldg(p.src + row);
+        if (v < 0 || v >= p.gathered_rows) {
           v = -1;
           if (p.err_flag != nullptr) *reinterpret_cast<volatile int*>(p.err_flag) = kErrIndex;
         }
       }
-      src[i] = v;
+      srow[i] = v;
     }
     const int kbs = (p.k + BK - 1) / BK;
     for (int kb = 0; kb < kbs; ++kb) {
@@ -94,8 +88,8 @@ __device__ __forceinline__ void produce_gathered(const Params& p, Pipeline& pipe
       kb_bytes = kb_bytes < 0 ? 0 : (kb_bytes > 16 ? 16 : kb_bytes);
       CUTE_UNROLL
       for (int i = 0; i < kRows; ++i) {
-        const int bytes = src[i] >= 0 ? kb_bytes : 0;
-        const char* g = bytes > 0 ? abase + src[i] * row_bytes + col * int64_t(sizeof(T)) : abase;
+        const int bytes = srow[i] >= 0 ? kb_bytes : 0;
+        const char* g = bytes > 0 ? abase + srow[i] * row_bytes + col * int64_t(sizeof(T)) : abase;
         asm volatile(
             "cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa + uint32_t(i * 16 * 128)),
             "l"(g), "r"(bytes)
@@ -125,7 +119,7 @@ __device__ __forceinline__ void load_k_boxes(const CUtensorMap* map, const Tile&
 // warpgroup loads the gathered operand's k-block token by token with cp.async into the
 // layout its ragged TMA boxes would have written (per 64-column chunk, BK token rows of 128
 // bytes, 16-byte units XOR-ed with token % 8): thread pt owns unit pt % 8 of tokens
-// pt / 8 + 16 i of every chunk. Tokens past the group's end, indices out of [0, src_rows)
+// pt / 8 + 16 i of every chunk. Tokens past the group's end, indices out of [0, gathered_rows)
 // and columns past the operand's width are zero-filled without reading memory (an index out
 // of range also sets the deferred error flag). The indices are read a stage ahead of their
 // use (a load per k-block waited for at once stalled the producer on its latency every
@@ -141,8 +135,8 @@ __device__ __forceinline__ void produce_gathered_k(const Params& p, Pipeline& pi
   static_assert(64 * int(sizeof(T)) == 128, "one 128-byte swizzle row per token and chunk");
   const int unit = pt % 8, r0 = pt / 8;
   const uint32_t off = uint32_t(r0 * 128 + ((unit ^ (r0 % 8)) << 4));
-  const char* base = static_cast<const char*>(p.src);
-  const int64_t row_bytes = p.src_ld * int64_t(sizeof(T));
+  const char* base = static_cast<const char*>(p.gathered);
+  const int64_t row_bytes = p.gathered_ld * int64_t(sizeof(T));
   const int cols = kA ? p.m : p.n;  // the gathered operand's width
   auto ws = cutlass::make_producer_start_state<Pipeline>();
   for (int t = blockIdx.x;; t += gridDim.x) {
@@ -162,7 +156,7 @@ __device__ __forceinline__ void produce_gathered_k(const Params& p, Pipeline& pi
       CUTE_UNROLL
       for (int i = 0; i < kTok; ++i) {
         const int tok = kb * BK + r0 + 16 * i;
-        v[i] = tok < tile.len ? __ldg(p.gather + tile.start + tok) : 0;
+        v[i] = tok < tile.len ? __ldg(p.src + tile.start + tok) : 0;
       }
     };
     // k-block kb from the indices `cur`, after starting the loads of k-block kb + 1's into
@@ -179,7 +173,7 @@ __device__ __forceinline__ void produce_gathered_k(const Params& p, Pipeline& pi
       CUTE_UNROLL
       for (int i = 0; i < kTok; ++i) {
         const bool in = kb * BK + r0 + 16 * i < tile.len;
-        const bool ok = in && cur[i] >= 0 && cur[i] < p.src_rows;
+        const bool ok = in && cur[i] >= 0 && cur[i] < p.gathered_rows;
         if (in && !ok && p.err_flag != nullptr) {
           *reinterpret_cast<volatile int*>(p.err_flag) = kErrIndex;
         }
@@ -216,8 +210,8 @@ __device__ __forceinline__ void produce_gathered_k(const Params& p, Pipeline& pi
 // The TMA producer (one warp; lane 0 issues): every k-block of every tile of this CTA into
 // the ring, in the order the consumers read it.
 template <class C, class Pipeline, class Sched>
-__device__ __forceinline__ void produce_tma(const Params& p, Pipeline& pipeline, Sched& sched,
-                                            typename C::Smem& smem, int lane) {
+__device__ __forceinline__ void produce_tma(const typename C::Params& p, Pipeline& pipeline,
+                                            Sched& sched, typename C::Smem& smem, int lane) {
   using T = typename C::T;
   constexpr int BM = C::BM, BN = C::BN, BK = C::BK;
   auto ws = cutlass::make_producer_start_state<Pipeline>();

@@ -1,0 +1,29 @@
+// The SwiGLU epilogue's block of varlen::Args (its policy: swiglu.cuh). Plain C++ (args.h
+// includes it).
+//
+// The routed expert block's up projection (the meaning is Fusion's in src/exec/ffi.rs):
+// with F = n / 2, d = the product [m, 2F] (gate | up halves, = pre) and act = silu(gate) * up
+// [m, F], both contiguous; B's gate and up halves are read as two column ranges of one tile.
+#pragma once
+#include <cstdint>
+
+#include "device/align.h"
+#include "kernels/varlen/key.h"
+
+namespace gmm::varlen {
+
+struct SwigluArgs {
+  static constexpr Epilogue kEpi = Epilogue::SwiGLU;
+  void* act = nullptr;                           // [m, F]
+  bool given() const { return act != nullptr; }  // its operands are in the request (packed.cc)
+  // can_read's clause (args.h): varlen-M, F a multiple of 8 (16-byte halves), d and act
+  // contiguous, act 16-byte aligned.
+  template <class A>
+  bool can_read(const A& x) const {
+    const int64_t f = x.n / 2;
+    return x.mode == Mode::M && f > 0 && f % 8 == 0 && is16(int64_t(uintptr_t(act))) &&
+           x.n % 2 == 0 && x.ldd == x.n;
+  }
+};
+
+}  // namespace gmm::varlen
