@@ -12,8 +12,8 @@ enum class DType : uint8_t { F16 = 0, BF16 = 1, F32 = 2, F64 = 3 };
 enum class Form : uint8_t { GroupedM = 0, GroupedK = 1, GroupedN = 2, Batched = 3 };
 
 // What a GroupedM product's epilogue does beyond storing c = a . b (src/exec/ffi.rs,
-// Fusion): the routed SwiGLU expert block's forward and backward halves.
-enum class Epilogue : uint8_t { Plain = 0, SwiGLU = 1, DGated = 2 };
+// Fusion): the routed SwiGLU expert block's forward and backward halves, and a per-row scale.
+enum class Epilogue : uint8_t { Plain = 0, SwiGLU = 1, DGated = 2, RowScale = 3 };
 
 // The values of the device's deferred error flag (host/device.h), which kernels raise instead
 // of failing: invalid offs, or a routed-row index (Fusion::src) out of range. Any nonzero

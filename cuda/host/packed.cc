@@ -48,6 +48,11 @@ varlen::EpiArgs epi_args(const Fusion& f) {
       e.partial = reinterpret_cast<float*>(f.partial);
       return e;
     }
+    case Epilogue::RowScale: {
+      varlen::RowScaleArgs e;
+      e.scale = reinterpret_cast<const float*>(f.scale);
+      return e;
+    }
   }
   return varlen::PlainArgs{};
 }

@@ -4,6 +4,7 @@
 // backward, on packed rows of dY or rows gathered through the index). sm_90a only (build/).
 #include "kernels/varlen/entries.cuh"
 #include "kernels/varlen/epilogue/dgated.cuh"
+#include "kernels/varlen/epilogue/rowscale.cuh"
 #include "kernels/varlen/epilogue/swiglu.cuh"
 
 namespace gmm {
@@ -14,5 +15,6 @@ GMM_KERNEL_LIST(
     (entry<T, DType::BF16, Mode::M, 128, Schedule::PingPong, Gather::None, SwigluEpi>()),
     (entry<T, DType::BF16, Mode::M, 128, Schedule::PingPong, Gather::A, SwigluEpi>()),
     (entry<T, DType::BF16, Mode::M, 128, Schedule::PingPong, Gather::None, DgatedEpi>()),
-    (entry<T, DType::BF16, Mode::M, 128, Schedule::PingPong, Gather::A, DgatedEpi>()))
+    (entry<T, DType::BF16, Mode::M, 128, Schedule::PingPong, Gather::A, DgatedEpi>()),
+    (entry<T, DType::BF16, Mode::M, 128, Schedule::PingPong, Gather::None, RowScaleEpi>()))
 }  // namespace gmm

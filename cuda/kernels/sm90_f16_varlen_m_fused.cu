@@ -4,14 +4,17 @@
 // backward, on packed rows of dY or rows gathered through the index). sm_90a only (build/).
 #include "kernels/varlen/entries.cuh"
 #include "kernels/varlen/epilogue/dgated.cuh"
+#include "kernels/varlen/epilogue/rowscale.cuh"
 #include "kernels/varlen/epilogue/swiglu.cuh"
 
 namespace gmm {
 using namespace varlen;
 using T = cutlass::half_t;
-GMM_KERNEL_LIST(sm90_f16_varlen_m_fused,
-                (entry<T, DType::F16, Mode::M, 128, Schedule::PingPong, Gather::None, SwigluEpi>()),
-                (entry<T, DType::F16, Mode::M, 128, Schedule::PingPong, Gather::A, SwigluEpi>()),
-                (entry<T, DType::F16, Mode::M, 128, Schedule::PingPong, Gather::None, DgatedEpi>()),
-                (entry<T, DType::F16, Mode::M, 128, Schedule::PingPong, Gather::A, DgatedEpi>()))
+GMM_KERNEL_LIST(
+    sm90_f16_varlen_m_fused,
+    (entry<T, DType::F16, Mode::M, 128, Schedule::PingPong, Gather::None, SwigluEpi>()),
+    (entry<T, DType::F16, Mode::M, 128, Schedule::PingPong, Gather::A, SwigluEpi>()),
+    (entry<T, DType::F16, Mode::M, 128, Schedule::PingPong, Gather::None, DgatedEpi>()),
+    (entry<T, DType::F16, Mode::M, 128, Schedule::PingPong, Gather::A, DgatedEpi>()),
+    (entry<T, DType::F16, Mode::M, 128, Schedule::PingPong, Gather::None, RowScaleEpi>()))
 }  // namespace gmm

@@ -29,6 +29,7 @@
 #include "device/types.h"
 #include "kernels/varlen/epilogue/dgated.h"
 #include "kernels/varlen/epilogue/plain.h"
+#include "kernels/varlen/epilogue/rowscale.h"
 #include "kernels/varlen/epilogue/swiglu.h"
 #include "kernels/varlen/key.h"
 
@@ -36,7 +37,7 @@ namespace gmm::varlen {
 
 // The epilogue of a call and its operands: one block per epilogue (epilogue/<name>.h); the
 // block's kEpi is its Config::epi.
-using EpiArgs = std::variant<PlainArgs, SwigluArgs, DgatedArgs>;
+using EpiArgs = std::variant<PlainArgs, SwigluArgs, DgatedArgs, RowScaleArgs>;
 
 // One call. Strides are in elements.
 struct Args {
