@@ -36,6 +36,7 @@ pub(crate) mod bridge {
         Plain = 0,
         SwiGLU = 1,
         DGated = 2,
+        RowScale = 3,
     }
 
     /// The packed forms of `crate::shape::Form`; C++: `gmm::Form` in cuda/device/types.h.
@@ -136,12 +137,14 @@ pub(crate) mod bridge {
         ///   `[ceil(F / 64), m]`, contiguous) is the sum over the columns `j` of that
         ///   64-column chunk of `p·silu(g)·u`, so that the router weight's gradient of
         ///   row `r` is `sum_i partial[i, r]` (no atomics: deterministic).
+        /// - `RowScale`: `c[r, j] = scale[r] · p[r, j]` (rounded once, from the fp32 product).
         epilogue: Epilogue,
         /// SwiGLU, DGated: device address of the `act` output, else 0.
         act: u64,
         /// DGated: device address of the pre-activation input `[m, 2F]` (c's dtype), else 0.
         pre: u64,
-        /// DGated: device address of the f32 `[m]` row scale (the router weights), else 0.
+        /// DGated, RowScale: device address of the f32 `[m]` row scale (DGated: the router
+        /// weights), else 0.
         scale: u64,
         /// DGated: device address of the f32 `partial` output, else 0.
         partial: u64,

@@ -186,14 +186,20 @@ fn validate<O>(req: &ProductRequest<'_, O>) -> Result<(ProductDims, Vec<[usize; 
     }
     shape::check_like("offs", (None, req.offs.device), na, like)?;
     let (pre, scale) = match req.epilogue {
-        Epilogue::DGated { pre, scale } => (Some(pre), Some(scale)),
+        Epilogue::DGated { pre, scale } => {
+            (Some(pre), Some((scale, "the router weight of each row")))
+        }
+        Epilogue::RowScale { scale } => (None, Some((scale, "the scale of each row"))),
         _ => (None, None),
     };
-    if let (Some(pre), Some(scale)) = (pre, scale) {
+    if let Some(pre) = pre {
         shape::check_like("pre", pre.like(), na, like)?;
-        shape::check_like("scale", (None, scale.device), na, like)?;
-        shape::check_f32("scale", scale.dtype, "the router weight of each row")?;
     }
+    if let Some((scale, what)) = scale {
+        shape::check_like("scale", (None, scale.device), na, like)?;
+        shape::check_f32("scale", scale.dtype, what)?;
+    }
+    let scale = scale.map(|(s, _)| s);
     let plan = shape::plan_product(&shape::ProductShape {
         form: req.form,
         a: &a.layout,

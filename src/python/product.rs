@@ -152,3 +152,32 @@ pub(super) fn dgated_mm<'py>(
         Ok(run(&mut rt, req)?.and_then(|o| Some((o.c, o.act?, o.partial?))))
     })
 }
+
+/// A GroupedM product scaled per row: `out[r] = scale[r] * (x[src[r]] @ w[g])`
+/// (`scale` float32 `[R]`, rounded once from the float32 product), or `None` where no
+/// fused kernel runs (CPU, or `Unsupported`). Without `src`, the rows of `x` in order.
+#[pyfunction]
+#[pyo3(signature = (x, w, offs, scale, src=None))]
+pub(super) fn row_scaled_mm<'py>(
+    py: Python<'py>,
+    x: &Bound<'py, PyAny>,
+    w: &Bound<'py, PyAny>,
+    offs: &Bound<'py, PyAny>,
+    scale: &Bound<'py, PyAny>,
+    src: Option<&Bound<'py, PyAny>>,
+) -> Fused<Obj<'py>> {
+    guard(|| {
+        let mut rt = PyRuntime::new(py);
+        let x = rt.reference("x", x)?;
+        let w = rt.input(&"w", w)?;
+        let offs = required_offs(&mut rt, offs)?;
+        let scale = rt.input(&"scale", scale)?;
+        let src = not_none(src).map(|s| rt.index("src", s)).transpose()?;
+        let req = ProductRequest {
+            src: src.as_ref().map(|s| (s, Gathered::A)),
+            epilogue: Epilogue::RowScale { scale: &scale },
+            ..ProductRequest::new(Form::GroupedM, &x, &w, &offs)
+        };
+        Ok(run(&mut rt, req)?.map(|o| o.c))
+    })
+}

@@ -11,6 +11,7 @@
 //! | `gather_mm` (GroupedM, `Plain`) | `x [T, K]`, `w [G, K, N]`, `src [R]` | `x[src] · w[g]` | `[R, N]` |
 //! | `swiglu_mm` (GroupedM, `SwiGLU`) | `x [T, K]`, `w [G, K, 2F]`, `src [R]` | `p = x[src] · w[g]`, `[R, 2F]` | `pre [R, 2F]` (`= p`), `act [R, F]` |
 //! | `dgated_mm` (GroupedM, `DGated`) | `dy [T, D]`, `w [G, F, D]` (the down projection's), `pre [R, 2F]`, `scale [R]`, `src [R]` | `p = dy[src] · w[g]ᵀ`, `[R, F]` | `dpre [R, 2F]`, `act [R, F]`, `partial [⌈F/64⌉, R]` |
+//! | `row_scaled_mm` (GroupedM, `RowScale`) | `x [T, K]`, `w [G, K, N]`, `scale [R]`, `src [R]` | `p = x[src] · w[g]` | `scale[r] · p[r]`, `[R, N]` |
 //! | `gather_k_mm` (GroupedK, `Plain`) | `a [Ta, K]`, `b [Tb, N]`, `src [R]` gathering one of them | `Σ a_rᵀ · b_r` per group | `[G, K, N]` |
 //!
 //! `src` absent: `R` is the rows of the first operand, read in order. `offs` (1-D,
@@ -58,6 +59,11 @@ pub enum Epilogue<T> {
         /// float32 `[R]`, the router weight of each row.
         scale: T,
     },
+    /// Each row of the product times its scale: `c[r] = scale[r] * p[r]`.
+    RowScale {
+        /// float32 `[R]`, the scale of each row.
+        scale: T,
+    },
 }
 
 impl<T> Epilogue<T> {
@@ -79,6 +85,7 @@ impl<T> Epilogue<T> {
                 pre: f(pre)?,
                 scale: f(scale)?,
             },
+            Epilogue::RowScale { scale } => Epilogue::RowScale { scale: f(scale)? },
         })
     }
 
@@ -88,6 +95,7 @@ impl<T> Epilogue<T> {
             Epilogue::Plain => Epilogue::Plain,
             Epilogue::SwiGLU => Epilogue::SwiGLU,
             Epilogue::DGated { pre, scale } => Epilogue::DGated { pre, scale },
+            Epilogue::RowScale { scale } => Epilogue::RowScale { scale },
         }
     }
 
@@ -138,17 +146,18 @@ impl ProductDims {
     pub fn out_shapes(&self) -> Vec<[usize; 2]> {
         let (r, f) = (self.product.m, self.f);
         match self.epilogue {
-            Epilogue::Plain => Vec::new(),
+            Epilogue::Plain | Epilogue::RowScale { .. } => Vec::new(),
             Epilogue::SwiGLU => vec![[r, 2 * f], [r, f]],
             Epilogue::DGated { .. } => vec![[r, 2 * f], [r, f], [f.div_ceil(PARTIAL_COLS), r]],
         }
     }
 
     /// An epilogue product none of whose outputs has an element (no routed rows, e.g. an
-    /// expert-parallel rank that received none, or `F = 0`): nothing to compute, no
-    /// kernel to ask. A plain product always runs.
+    /// expert-parallel rank that received none, or no columns: `F = 0`): nothing to
+    /// compute, no kernel to ask. A plain product always runs.
     pub fn is_empty(&self) -> bool {
-        self.epilogue != Epilogue::Plain && (self.product.m == 0 || self.f == 0)
+        let p = &self.product;
+        self.epilogue != Epilogue::Plain && (p.m == 0 || p.n == 0)
     }
 }
 
@@ -188,6 +197,11 @@ pub fn plan_product(p: &ProductShape<'_>) -> Result<ProductDims> {
                     (product, gate_up_half("w", &p.b.shape)?)
                 }
                 Epilogue::DGated { pre, scale } => dgated(p.a, p.b, pre, scale, src, p.offs_len)?,
+                Epilogue::RowScale { scale } => {
+                    let product = grouped_m(p.a, p.b, src, p.offs_len)?;
+                    per_row("scale", scale, product.m, src.is_some())?;
+                    (product, 0)
+                }
             }
         }
         _ => {
@@ -343,6 +357,23 @@ fn dgated(
     }
     let rows = Layout::contiguous(&[r, d]);
     Ok((plan_packed(&rows, &w.transposed(), Some(offs_len))?, f))
+}
+
+/// `RowScale`'s `scale`: one value per row of the product, `[R]` (`R` the rows of `x`, or
+/// with `src` its length).
+fn per_row(name: &str, scale: &Layout, r: usize, gathered: bool) -> Result<()> {
+    if scale.shape == [r] {
+        return Ok(());
+    }
+    let per = if gathered {
+        "routed row, R = len(src)"
+    } else {
+        "row of x"
+    };
+    Err(shape_err(format!(
+        "{name}: expected shape [{r}] (one scale per {per}), found {}",
+        fmt_shape(&scale.shape)
+    )))
 }
 
 /// `R`: the length of `src` (1-D, the row of `of` of each routed row), or without it
@@ -705,6 +736,45 @@ mod tests {
         let d =
             plan_dgated_mm(&c(&[5, 8]), &c(&[2, 0, 8]), &c(&[5, 0]), &c(&[5]), None, 2).unwrap();
         assert_eq!(d.out_shapes(), vec![[5, 0], [5, 0], [0, 5]]);
+    }
+
+    #[test]
+    fn row_scale_is_the_gathered_rule_with_one_scale_per_row() {
+        let plan = |x: &[usize], scale: &[usize], src: Option<&[usize]>| {
+            let src = src.map(c);
+            let scale = c(scale);
+            let epilogue = Epilogue::RowScale { scale: &scale };
+            let src = src.as_ref().map(|s| (s, Gathered::A));
+            request(
+                Form::GroupedM,
+                (&c(x), &c(&[3, 8, 5])),
+                src,
+                epilogue,
+                3,
+                false,
+            )
+        };
+        let d = plan(&[6, 8], &[6], None).unwrap();
+        assert_eq!(
+            (d.product.out_shape.clone(), d.out_shapes(), d.f),
+            (vec![6, 5], vec![], 0)
+        );
+        assert!(!d.is_empty());
+        assert!(plan(&[0, 8], &[0], None).unwrap().is_empty());
+        let d = plan(&[4, 8], &[9], Some(&[9])).unwrap();
+        assert_eq!(d.product.m, 9);
+        assert_eq!(
+            plan(&[6, 8], &[5], None).unwrap_err().to_string(),
+            "scale: expected shape [6] (one scale per row of x), found [5]"
+        );
+        assert_eq!(
+            plan(&[4, 8], &[4], Some(&[9])).unwrap_err().to_string(),
+            "scale: expected shape [9] (one scale per routed row, R = len(src)), found [4]"
+        );
+        assert!(plan(&[6, 7], &[6], None)
+            .unwrap_err()
+            .to_string()
+            .starts_with("w: expected 3-D weights [G, K=7, N]"));
     }
 
     #[test]

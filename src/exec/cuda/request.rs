@@ -140,6 +140,7 @@ impl Fusion<'_> {
             Epilogue::Plain => (ffi::Epilogue::Plain, None, None),
             Epilogue::SwiGLU => (ffi::Epilogue::SwiGLU, None, None),
             Epilogue::DGated { pre, scale } => (ffi::Epilogue::DGated, Some(pre), Some(scale)),
+            Epilogue::RowScale { scale } => (ffi::Epilogue::RowScale, None, Some(scale)),
         };
         ffi::Fusion {
             src: self.src.map_or(0, |o| o.ptr as u64),
