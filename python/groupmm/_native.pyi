@@ -26,6 +26,7 @@ __all__ = [
     "list_out_shapes",
     "packed_out_shape",
     "row_dots",
+    "row_scaled_mm",
     "scatter_rows",
     "swiglu",
     "swiglu_backward",
@@ -236,6 +237,20 @@ def dgated_mm(
     was when the answer is None.
     ValueError for shapes that do not fit, TypeError for a ``scale`` that is not float32
     or dtypes unlike ``dy``'s, RuntimeError for devices unlike ``dy``'s."""
+
+def row_scaled_mm(
+    x: _Rows, w: _Rows, offs: _Rows, scale: _Rows, src: Optional[_Rows] = None
+) -> Optional[_Rows]:
+    """A GroupedM product scaled per row: ``out[r] = scale[r] * (x[src[r]] @ w[g])`` for
+    the rows ``r`` of group ``g`` (``[R, N]``, ``x``'s dtype, contiguous, rounded once from
+    the float32 product; rows past ``offs[-1]`` are zeros), or None where no kernel runs it
+    (the CPU; nothing is read or allocated) — the caller composes it then.
+
+    ``x [T, K]``; ``w [E, K, N]`` any strides; ``offs`` int32 ``[E]``; ``scale`` float32
+    ``[R]``; ``src`` any integer ``[R]`` (the row of ``x`` of each routed row; absent:
+    ``R = T``, the rows in order). ValueError for shapes that do not fit, TypeError for a
+    ``scale`` that is not float32 or dtypes unlike ``x``'s, RuntimeError for devices unlike
+    ``x``'s."""
 
 # The row ops of the MoE glue (src/shape/rows.rs): ``inverse [T, k]`` is the row of each
 # token's ``j``-th choice, any integer dtype; operands of any layout (copied contiguous

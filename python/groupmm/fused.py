@@ -100,8 +100,9 @@ from ._fused_ops import (
 )
 from ._glue import combine, combine_backward, swiglu_grad
 from ._library import direct
+from ._row_scale import row_scaled_mm
 
-__all__ = ["expert_block", "expert_down", "expert_up", "swiglu_grad"]
+__all__ = ["expert_block", "expert_down", "expert_up", "row_scaled_mm", "swiglu_grad"]
 
 
 # --------------------------------------------------------------------------- checks
