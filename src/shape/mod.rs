@@ -24,18 +24,19 @@
 //!   product over routed rows, alone or with an [`Epilogue`] (the fused expert products),
 //!   or a GroupedK product over them, each reading its rows in order or through `src`.
 
+mod epilogue;
 mod list;
 mod offs;
 mod packed;
 mod product;
 mod rows;
 
+pub use epilogue::Epilogue;
 pub use list::{plan_list, GroupDims};
 pub use offs::{check_offs, clamp_spans, index_error_pending, offs_error_pending, offs_len};
 pub use packed::{backward_layouts, plan_packed, transposed_grads, Form, PackedDims};
 pub use product::{
-    check_f32, operand_names, plan_product, Epilogue, Gathered, ProductDims, ProductShape,
-    PARTIAL_COLS,
+    check_f32, operand_names, plan_product, Gathered, ProductDims, ProductShape, PARTIAL_COLS,
 };
 pub(crate) use rows::RowPtrs;
 pub use rows::{

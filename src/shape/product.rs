@@ -19,11 +19,12 @@
 //! are zeros in every output (GroupedK: belong to no group). `src` values are never a
 //! shape error (the row ops' rule, [`super::check_indices`], on the host).
 
-use super::{fmt_shape, need_ndim, packed::plan_packed, rows::gate_up_half, Form, PackedDims};
+use super::{
+    fmt_shape, need_ndim, packed::plan_packed, rows::gate_up_half, Epilogue, Form, PackedDims,
+};
 use crate::dtype::DType;
 use crate::error::{shape_err, Error, Result};
 use crate::layout::Layout;
-use std::convert::Infallible;
 use std::fmt::Display;
 
 /// The columns of `p` that one row of `DGated`'s `partial` output sums (its rows are
@@ -39,70 +40,6 @@ pub enum Gathered {
     A,
     /// The second (`b`; GroupedK only).
     B,
-}
-
-/// What a product does beyond `c = a · b`, with the operands it reads: `T` describes an
-/// operand (a [`Layout`] for the rules, the engine's tensor in its request; `()` for the
-/// kind alone). The one epilogue type of the Rust side; the engine maps it to the bridge's
-/// in one place.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-pub enum Epilogue<T> {
-    /// `c = p`.
-    #[default]
-    Plain,
-    /// The up projection and its activation: `pre = p`, `act = silu(gate) * up`.
-    SwiGLU,
-    /// The backward of the down projection through the router weight and the SwiGLU.
-    DGated {
-        /// `[R, 2F]`, the saved pre-activation.
-        pre: T,
-        /// float32 `[R]`, the router weight of each row.
-        scale: T,
-    },
-    /// Each row of the product times its scale: `c[r] = scale[r] * p[r]`.
-    RowScale {
-        /// float32 `[R]`, the scale of each row.
-        scale: T,
-    },
-}
-
-impl<T> Epilogue<T> {
-    /// The same epilogue with each operand mapped by `f`.
-    pub fn map<U>(self, mut f: impl FnMut(T) -> U) -> Epilogue<U> {
-        match self.try_map(|t| Ok::<U, Infallible>(f(t))) {
-            Ok(e) => e,
-            Err(never) => match never {},
-        }
-    }
-
-    /// The same epilogue with each operand mapped by `f`, which may fail (the operands in
-    /// order: `pre`, then `scale`).
-    pub fn try_map<U, E>(self, mut f: impl FnMut(T) -> Result<U, E>) -> Result<Epilogue<U>, E> {
-        Ok(match self {
-            Epilogue::Plain => Epilogue::Plain,
-            Epilogue::SwiGLU => Epilogue::SwiGLU,
-            Epilogue::DGated { pre, scale } => Epilogue::DGated {
-                pre: f(pre)?,
-                scale: f(scale)?,
-            },
-            Epilogue::RowScale { scale } => Epilogue::RowScale { scale: f(scale)? },
-        })
-    }
-
-    /// The same epilogue with its operands borrowed.
-    pub fn as_ref(&self) -> Epilogue<&T> {
-        match self {
-            Epilogue::Plain => Epilogue::Plain,
-            Epilogue::SwiGLU => Epilogue::SwiGLU,
-            Epilogue::DGated { pre, scale } => Epilogue::DGated { pre, scale },
-            Epilogue::RowScale { scale } => Epilogue::RowScale { scale },
-        }
-    }
-
-    /// The kind alone.
-    pub fn kind(&self) -> Epilogue<()> {
-        self.as_ref().map(|_| ())
-    }
 }
 
 /// A product request as the rules see it (the engine's request reduced to layouts).
