@@ -18,7 +18,7 @@ struct ListGroup;
 struct ListPlanned;
 struct RowsRequest;
 
-// Reads and clears the device's deferred offs flag (OffsPending: nothing launched), plans
+// Reads and clears the device's deferred error flag (OffsPending: nothing launched), plans
 // the launch once, and launches it at once when `workspace` holds enough bytes and the
 // stream is not capturing (Launched); otherwise returns the plan and the bytes it needs
 // (NeedWorkspace; under capture `capturing` is set: the caller then gives fresh memory).
@@ -28,7 +28,7 @@ PackedSubmit submit_packed(const PackedRequest& r, uint64_t workspace, size_t wo
 // the plan's bytes).
 void launch_planned(const PackedPlan& plan, uint64_t workspace, size_t workspace_bytes);
 
-// Reads and clears the deferred offs flag (offs_pending: nothing planned), and plans a list
+// Reads and clears the deferred error flag (offs_pending: nothing planned), and plans a list
 // launch of `count` groups: the argument block's size and the workspace it needs.
 ListPlanned plan_list(const ListRequest& r, const ListGroup* groups, size_t count);
 
@@ -43,7 +43,7 @@ void launch_list(const ListPlan& plan, uint64_t device_args, uint64_t workspace,
 // Enqueues one row op of the MoE glue (device/rows.h) on the request's stream.
 void launch_rows(const RowsRequest& r);
 
-// Reads and clears the deferred offs flag of `device`.
-bool take_offs_error(int32_t device);
+// Reads and clears the deferred error flag of `device`.
+bool take_deferred_error(int32_t device);
 
 }  // namespace gmm

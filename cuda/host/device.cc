@@ -1,4 +1,4 @@
-// Per-device facts, the current device, the deferred offs flag. Host only.
+// Per-device facts, the current device, the deferred error flag. Host only.
 #include "host/device.h"
 
 #include "device/gemm_set.h"
@@ -70,7 +70,7 @@ DevInfo enter(int device) {
   return d;
 }
 
-int* offs_flag(int device) {
+int* error_flag(int device) {
   check_device(device);
   std::lock_guard<std::mutex> lock(flag_mutex);
   Flag& f = flags[device];
@@ -97,7 +97,7 @@ int* offs_flag(int device) {
   return f.dev;
 }
 
-int take_offs_flag(int device) {
+int take_error_flag(int device) {
   check_device(device);
   int* h = nullptr;
   {

@@ -21,14 +21,14 @@ DevInfo device_info(int device);
 // cudaGetLastError() reports only our launches, and returns its facts.
 DevInfo enter(int device);
 
-// Device address of the offs flag of `device` (host-mapped pinned memory, allocated on
+// Device address of the error flag of `device` (host-mapped pinned memory, allocated on
 // first use, also inside a graph capture).
-int* offs_flag(int device);
+int* error_flag(int device);
 
-// Reads and clears the offs flag of `device`: its value (device/types.h), nonzero when a
+// Reads and clears the error flag of `device`: its value (device/types.h), nonzero when a
 // launch there met negative, decreasing or out-of-range offs (kErrOffs) or a routed-row
 // index out of range (kErrIndex) since the last read. Only completed work is reflected.
-int take_offs_flag(int device);
+int take_error_flag(int device);
 
 // cudaStreamIsCapturing (host only, no sync).
 bool stream_capturing(cudaStream_t stream);

@@ -115,7 +115,7 @@ std::unique_ptr<ListPlan> plan(const ListRequest& r, const ListGroup* groups, si
 ListPlanned plan_list(const ListRequest& r, const ListGroup* groups, size_t count) {
   ListPlanned out{};
   try {
-    if (const int flag = take_offs_flag(r.device)) {
+    if (const int flag = take_error_flag(r.device)) {
       out.offs_pending = flag != kErrIndex;
       out.index_pending = flag == kErrIndex;
       return out;

@@ -194,7 +194,7 @@ void launch(const PackedPlan& pl, uint64_t workspace, size_t workspace_bytes) {
   if (workspace % 256 != 0) throw std::runtime_error("workspace must be 256-byte aligned");
   if (pl.varlen != nullptr) {  // one launch: the kernel reads offs itself
     varlen::Args x = pl.va;
-    x.err_flag = offs_flag(pl.device);
+    x.err_flag = error_flag(pl.device);
     const std::string err = pl.varlen->run_varlen(x);
     if (!err.empty()) throw std::runtime_error(err);
     return;
@@ -204,7 +204,7 @@ void launch(const PackedPlan& pl, uint64_t workspace, size_t workspace_bytes) {
   const size_t set = round_up(set_bytes(G), 256);
   d.primary = set_at(uintptr_t(workspace), G);
   d.fallback = set_at(uintptr_t(workspace) + set, G);
-  if (d.form != Form::Batched) d.err_flag = offs_flag(pl.device);
+  if (d.form != Form::Batched) d.err_flag = error_flag(pl.device);
 
   // Arguments and zero fill in one launch (device/args.cu).
   cudaError_t e =
@@ -258,7 +258,7 @@ PackedSubmit submit_packed(const PackedRequest& r, uint64_t workspace, size_t wo
       out.status = Submitted::Unsupported;
       return out;
     }
-    if (const int flag = take_offs_flag(r.device)) {
+    if (const int flag = take_error_flag(r.device)) {
       out.status = flag == kErrIndex ? Submitted::IndexPending : Submitted::OffsPending;
       return out;
     }
@@ -295,11 +295,11 @@ void launch_planned(const PackedPlan& plan, uint64_t workspace, size_t workspace
   }
 }
 
-bool take_offs_error(int32_t device) {
+bool take_deferred_error(int32_t device) {
   try {
-    return take_offs_flag(device) != 0;
+    return take_error_flag(device) != 0;
   } catch (const std::exception& e) {
-    throw std::runtime_error("groupmm CUDA (take_offs_error, device " + std::to_string(device) +
+    throw std::runtime_error("groupmm CUDA (take_deferred_error, device " + std::to_string(device) +
                              "): " + e.what());
   }
 }

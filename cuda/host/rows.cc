@@ -28,7 +28,7 @@ void launch_rows(const RowsRequest& r) {
   a.out = reinterpret_cast<void*>(r.out);
   a.scratch = reinterpret_cast<int32_t*>(r.scratch);
   a.sm_count = d.sm_count;
-  a.err_flag = offs_flag(r.device);
+  a.err_flag = error_flag(r.device);
   a.stream = reinterpret_cast<cudaStream_t>(r.stream);
   const std::string err = launch_rows(a);
   if (!err.empty()) throw std::runtime_error(err + " (device " + std::to_string(r.device) + ")");

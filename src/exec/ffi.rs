@@ -280,7 +280,7 @@ pub(crate) mod bridge {
         /// A planned list launch (cuda/host/plan.h).
         type ListPlan;
 
-        /// Reads and clears the device's deferred offs flag, plans the launch once and,
+        /// Reads and clears the device's deferred error flag, plans the launch once and,
         /// when the stream is not capturing and `workspace` (256-byte aligned device
         /// memory, or 0) holds enough bytes, launches at once. Never syncs.
         ///
@@ -303,7 +303,7 @@ pub(crate) mod bridge {
             workspace_bytes: usize,
         ) -> Result<()>;
 
-        /// Reads and clears the deferred offs flag and plans a list launch (host only).
+        /// Reads and clears the deferred error flag and plans a list launch (host only).
         fn plan_list(r: &ListRequest, groups: &[ListGroup]) -> Result<ListPlanned>;
 
         /// Writes the plan's per-group argument block into `host` (host only).
@@ -329,8 +329,8 @@ pub(crate) mod bridge {
         /// the request names, used on `r.stream`.
         unsafe fn launch_rows(r: &RowsRequest) -> Result<()>;
 
-        /// Reads and clears the device's deferred offs flag (no sync).
-        fn take_offs_error(device: i32) -> Result<bool>;
+        /// Reads and clears the device's deferred error flag (no sync).
+        fn take_deferred_error(device: i32) -> Result<bool>;
     }
 }
 

@@ -382,7 +382,7 @@ bool run_packed(const Case& c, Rng& rng, std::string& why) {
   if (ok) CK(cudaMalloc(&dws, std::max<size_t>(ws, 256)));
   bool flag = false;
   if (ok) {
-    gmm::take_offs_error(g_dev);  // clear
+    gmm::take_deferred_error(g_dev);  // clear
     CK(cudaMemsetAsync(out, 0xFF, std::max<int64_t>(total, 1) * esize(c.out), stream));
     std::string err;
     if (c.graph) {
@@ -435,7 +435,7 @@ bool run_packed(const Case& c, Rng& rng, std::string& why) {
       std::printf("FATAL %s: %s\n", c.name.c_str(), cudaGetErrorString(e));
       std::exit(3);
     }
-    flag = gmm::take_offs_error(g_dev);
+    flag = gmm::take_deferred_error(g_dev);
     if (ok && flag != c.bad_offs) {
       why = std::string("offs error flag ") + (flag ? "set" : "not set");
       ok = false;

@@ -83,7 +83,7 @@ pub fn take_deferred_error(device: i32) -> Result<bool> {
     check_compiled()?;
     #[cfg(groupmm_cuda)]
     {
-        ffi::take_offs_error(device).map_err(seam)
+        ffi::take_deferred_error(device).map_err(seam)
     }
     #[cfg(not(groupmm_cuda))]
     {
