@@ -5,7 +5,7 @@ TMA. So this check poisons instead: before each call, blocks of every output's a
 gradient's size are filled with NaN and freed, so torch's caching allocator hands them back
 to groupmm's outputs; inputs are finite, so any NaN left in an output is a byte no kernel
 wrote. Every form, both 16-bit dtypes and fp32, forward and backward, the list form, groups
-around the 128-row tile. Exits 1 on any NaN.
+around the 128-row tile, and the RowScale epilogue's kernel. Exits 1 on any NaN.
 
     python3 tests/programs/poison_outputs.py      # scripts/sanitize.sh runs it once per kernel path
 """
@@ -84,6 +84,14 @@ def main() -> int:
                 bad,
             )
             n += 4
+            if dtype != torch.float32:  # the RowScale epilogue kernel (16-bit only)
+                for N in (128, 72):
+                    x, w = torch.randn(T, 64, **t), torch.randn(G, 64, N, **t)
+                    scale = torch.randn(T, device=DEV)
+                    poison([(T, N)], dtype)
+                    y = groupmm._native.row_scaled_mm(x, w, offs, scale)
+                    check(f"{tag} row_scaled_mm N={N}", [("out", y)], bad)
+                    n += 1
         packed(
             f"{dtype} batched", torch.randn(3, 40, 64, **t), torch.randn(3, 64, 72, **t), None, bad
         )

@@ -98,18 +98,18 @@ def main() -> int:
 
 def row_scaled(dev) -> int:
     """The RowScale epilogue kernel (groups around the 128-row tile, empty groups, rows
-    past the last group, N not a multiple of the tile) and its op's backward."""
-    from groupmm.fused import row_scaled_mm
-
+    past the last group, N not a multiple of the tile), forward only: its backward is plain
+    products (above) and torch ops, whose reads of a TMA-written output initcheck would
+    report (tests/programs/initcheck_tma.py); the kernel's every output byte is checked by
+    poison_outputs.py instead."""
     n = 0
     for dtype in (torch.bfloat16, torch.float16):
         for sizes, K, N in (([0, 1, 127, 128, 129, 0, 200], 64, 128), ([300, 5], 200, 72)):
             offs = torch.tensor(sizes, device=dev).cumsum(0).to(torch.int32)
             R = sum(sizes) + 5
-            x = torch.randn(R, K, device=dev, dtype=dtype, requires_grad=True)
-            w = torch.randn(len(sizes), K, N, device=dev, dtype=dtype, requires_grad=True)
-            scale = torch.randn(R, device=dev, requires_grad=True)
-            row_scaled_mm(x, w, offs, scale).backward(torch.randn(R, N, device=dev, dtype=dtype))
+            x = torch.randn(R, K, device=dev, dtype=dtype)
+            w = torch.randn(len(sizes), K, N, device=dev, dtype=dtype)
+            groupmm._native.row_scaled_mm(x, w, offs, torch.randn(R, device=dev))
             n += 1
     return n
 

@@ -16,6 +16,7 @@ without torchtitan.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -803,6 +804,7 @@ def test_cuda_memory_held_for_the_backward_excludes_the_weight_copy():
     gate_up_bytes = 8 * 512 * 512 * 2
 
     def held(fn):
+        gc.collect()  # tensors of earlier tests freed now, not during fn
         torch.cuda.synchronize()
         before = torch.cuda.memory_allocated()
         out = fn()

@@ -648,7 +648,7 @@ def _count_syncs(fn):
 @pytest.mark.cuda
 def test_expert_parallel_block_one_host_sync_forward_none_backward():
     """The forward syncs with the host exactly once (the split sizes' ``.tolist()`` in
-    groupmm/parallel.py), the backward never (sync debug mode "error")."""
+    groupmm/_exchange.py, the plan), the backward never (sync debug mode "error")."""
     x, ids, weights, w_in, w_out = _gpu_block_case()
     go = torch.randn_like(x)
     with _world_of_one("nccl"):
@@ -657,7 +657,7 @@ def test_expert_parallel_block_one_host_sync_forward_none_backward():
         torch.cuda.synchronize()
         out, syncs = _count_syncs(lambda: expert_parallel_block(x, ids, weights, w_in, w_out))
         assert len(syncs) == 1, [(w.filename, w.lineno) for w in syncs]
-        assert syncs[0].filename.endswith(os.path.join("groupmm", "parallel.py")), syncs[0]
+        assert syncs[0].filename.endswith(os.path.join("groupmm", "_exchange.py")), syncs[0]
         torch.cuda.set_sync_debug_mode("error")
         try:
             out.backward(go)
