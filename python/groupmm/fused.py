@@ -9,6 +9,8 @@ around the grouped GEMMs has one place to be fused into them:
 - :func:`expert_up`: its up half, ``act`` (gather, up projection, SwiGLU);
 - :func:`expert_down`: its down half, ``out`` from ``act`` (down projection, router
   weights, combine).
+- :func:`row_scaled_mm`: a grouped product scaled per row (e.g. router weights in the down
+  projection), in the GEMM's epilogue on Hopper (``groupmm._row_scale``).
 
 Each op (``torch.ops.groupmm.swiglu_up`` and ``gated_down``, which make
 :func:`expert_block`, in ``groupmm._fused_ops``; ``expert_up`` and ``expert_down``, here)
