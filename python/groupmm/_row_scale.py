@@ -93,8 +93,12 @@ def row_scaled_mm(x: Tensor, w: Tensor, offs: Tensor, scale: Tensor) -> Tensor:
     check.dims("x", x, 2, "[R, K]")
     check.dims("w", w, 3, "[E, K, N]")
     check.index("offs", offs, 1, "[E]")
+    # before the op: its fake checks nothing, and the float64 composition never reaches the
+    # native rule (same wording: shape::plan_product's RowScale arm)
     check.dims("scale", scale, 1, "[R]")
-    check.shape("scale", scale, scale.shape[0] == x.shape[0], "[{}] (one per row of x)", x.shape[0])
+    check.shape(
+        "scale", scale, scale.shape[0] == x.shape[0], "[{}] (one scale per row of x)", x.shape[0]
+    )
     if not scale.is_floating_point():
         raise TypeError(f"scale: expected a floating dtype, found {scale.dtype}")
     scale = scale.to(_scale_dtype(x))
