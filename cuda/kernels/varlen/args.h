@@ -89,6 +89,8 @@ inline bool can_read(const Args& x) {
   ok = ok && std::visit([&](const auto& e) { return e.can_read(x); }, x.epi);
   if (x.mode == Mode::M) {
     ok = ok && st(x.ldb_batch);
+    // the gathering producer copies whole 16-byte units of A's rows: K too
+    if (x.src != nullptr) ok = ok && is16(int64_t(x.k) * 2);
   } else {
     ok = ok && st(x.ldd_batch) && is16(int64_t(x.m) * 2);
   }

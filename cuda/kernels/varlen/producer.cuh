@@ -41,13 +41,30 @@ __device__ __forceinline__ void load_b_m(const typename C::Params& p, const Tile
   }
 }
 
+// One 16-byte cp.async into shared address `dst` from `src`, or 16 zero bytes without
+// reading `src` when `skip` (the ignore-src operand). A gathered operand's width is a whole
+// number of 16-byte units (can_read), so a unit is either copied whole or not at all. No
+// "memory" clobber: the producer makes no other shared-memory access the compiler could
+// reorder, and without it the address arithmetic of all of a stage's copies is scheduled
+// together (with it, every copy reloaded the kernel parameters and waited for its own
+// address: the producer's instruction latency bounded the kernel).
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool skip) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n"
+      " cp.async.cg.shared.global [%0], [%1], 16, p;\n}\n" ::"r"(dst),
+      "l"(src), "r"(int(skip)));
+}
+
 // Gathered A (varlen-M): the whole producer warpgroup (thread pt of 128) loads the A tile
 // row by row with cp.async into the layout the TMA would have written (128-byte rows, 16-byte
 // units XOR-ed with row % 8): thread pt owns unit pt % 8 of rows pt / 8 + 16 i. Each thread's
 // cp.async completions arrive on the stage's full barrier (noinc: the barrier counts 1 + 128
 // arrivals); thread 0 adds the B tile by TMA. Rows past the group's end, rows whose index is
 // out of [0, gathered_rows) and columns past K are zero-filled without reading memory; an index out
-// of range also sets the deferred error flag to kErrIndex (reported at the next call).
+// of range also sets the deferred error flag to kErrIndex (reported at the next call). The
+// indices are loaded a tile ahead of their use (at the start of a tile, waiting for them left
+// the ring to drain); each row's source address is computed once per tile and a k-block adds
+// its column offset.
 template <class C, class Pipeline, class Sched>
 __device__ __forceinline__ void produce_gathered(const typename C::Params& p, Pipeline& pipeline,
                                                  Sched& sched, typename C::Smem& smem, int pt) {
@@ -56,49 +73,62 @@ __device__ __forceinline__ void produce_gathered(const typename C::Params& p, Pi
   static_assert(BK * int(sizeof(T)) == 128, "one 128-byte swizzle row per A row and k-block");
   const int unit = pt % 8, r0 = pt / 8;
   const uint32_t off = uint32_t(r0 * 128 + ((unit ^ (r0 % 8)) << 4));
-  const char* abase = static_cast<const char*>(p.gathered);
+  const char* const abase = static_cast<const char*>(p.gathered);
   const int64_t row_bytes = p.gathered_ld * int64_t(sizeof(T));
+  const int* const src = p.src;
+  const int k = p.k, gathered_rows = p.gathered_rows;
+  const uint32_t ring = cast_smem_ptr_to_uint(smem.a);
   auto ws = cutlass::make_producer_start_state<Pipeline>();
-  for (int t = blockIdx.x;; t += gridDim.x) {
-    const Tile tile = sched.get(t);
-    if (!tile.valid) break;
-    if (tile.group >= p.groups) continue;  // the zero tail: no k-blocks
-    const int end = tile.start + tile.len;
-    int srow[kRows];  // the source row of each of the thread's rows, or -1
+  // The source rows of the thread's rows of a tile (anything past the group's end or for
+  // the zero tail, which has no k-blocks), loaded a tile ahead of their use.
+  auto indices = [&](const Tile& tl, int (&v)[kRows]) {
     CUTE_UNROLL
     for (int i = 0; i < kRows; ++i) {
-      const int row = tile.m0 + r0 + 16 * i;
-      int v = -1;
-      if (row < end) {
-        v = __ldg(p.src + row);
-        if (v < 0 || v >= p.gathered_rows) {
-          v = -1;
-          if (p.err_flag != nullptr) *reinterpret_cast<volatile int*>(p.err_flag) = kErrIndex;
-        }
-      }
-      srow[i] = v;
+      const int r = tl.m0 + r0 + 16 * i;
+      const bool in = tl.valid && tl.group < p.groups && r < tl.start + tl.len;
+      v[i] = in ? __ldg(src + r) : 0;
     }
-    const int kbs = (p.k + BK - 1) / BK;
+  };
+  int t = blockIdx.x;
+  Tile tile = sched.get(t);
+  int cur[kRows];
+  indices(tile, cur);
+  while (tile.valid) {
+    t += gridDim.x;
+    const Tile next = sched.get(t);
+    const int end = tile.start + tile.len;
+    // the source of unit `unit` of each of the thread's rows at column 0 (row 0's for a row
+    // that reads zeros: never read)
+    const char* row[kRows];
+    bool ok[kRows];
+    bool bad = false;
+    CUTE_UNROLL
+    for (int i = 0; i < kRows; ++i) {
+      const bool in = tile.m0 + r0 + 16 * i < end;
+      ok[i] = in && cur[i] >= 0 && cur[i] < gathered_rows;
+      bad |= in && !ok[i];
+      row[i] = abase + (ok[i] ? cur[i] : 0) * row_bytes + unit * 16;
+    }
+    if (bad && p.err_flag != nullptr) *reinterpret_cast<volatile int*>(p.err_flag) = kErrIndex;
+    int nxt[kRows];
+    indices(next, nxt);
+    const int kbs = tile.group < p.groups ? (k + BK - 1) / BK : 0;  // the zero tail: none
     for (int kb = 0; kb < kbs; ++kb) {
       pipeline.producer_acquire(ws);
       uint64_t* bar = pipeline.producer_get_barrier(ws);
-      const uint32_t sa = cast_smem_ptr_to_uint(smem.a + ws.index() * (BM * BK)) + off;
-      const int col = kb * BK + unit * 8;
-      int kb_bytes = (p.k - col) * int(sizeof(T));
-      kb_bytes = kb_bytes < 0 ? 0 : (kb_bytes > 16 ? 16 : kb_bytes);
+      const uint32_t sa = ring + uint32_t(ws.index() * (BM * BK * int(sizeof(T)))) + off;
+      const bool past_k = kb * BK + unit * 8 >= k;  // the unit is past K: zeros
       CUTE_UNROLL
       for (int i = 0; i < kRows; ++i) {
-        const int bytes = srow[i] >= 0 ? kb_bytes : 0;
-        const char* g = bytes > 0 ? abase + srow[i] * row_bytes + col * int64_t(sizeof(T)) : abase;
-        asm volatile(
-            "cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa + uint32_t(i * 16 * 128)),
-            "l"(g), "r"(bytes)
-            : "memory");
+        cp_async_16(sa + uint32_t(i * 16 * 128), row[i] + kb * 128, past_k || !ok[i]);
       }
       cutlass::arch::cpasync_barrier_arrive_noinc(bar);
       if (pt == 0) load_b_m<C>(p, tile, kb, bar, smem.b + ws.index() * (C::BN * BK));
       ++ws;
     }
+    CUTE_UNROLL
+    for (int i = 0; i < kRows; ++i) cur[i] = nxt[i];
+    tile = next;
   }
 }
 
@@ -135,28 +165,31 @@ __device__ __forceinline__ void produce_gathered_k(const Params& p, Pipeline& pi
   static_assert(64 * int(sizeof(T)) == 128, "one 128-byte swizzle row per token and chunk");
   const int unit = pt % 8, r0 = pt / 8;
   const uint32_t off = uint32_t(r0 * 128 + ((unit ^ (r0 % 8)) << 4));
-  const char* base = static_cast<const char*>(p.gathered);
+  const char* const base = static_cast<const char*>(p.gathered);
   const int64_t row_bytes = p.gathered_ld * int64_t(sizeof(T));
+  const int* const src = p.src;
+  const int gathered_rows = p.gathered_rows;
   const int cols = kA ? p.m : p.n;  // the gathered operand's width
+  const uint32_t ring = cast_smem_ptr_to_uint(kA ? smem.a : smem.b);
+  constexpr uint32_t kStageBytes = uint32_t((kA ? BM : BN) * BK * int(sizeof(T)));
   auto ws = cutlass::make_producer_start_state<Pipeline>();
+  bool bad = false;  // an index out of range was met
   for (int t = blockIdx.x;; t += gridDim.x) {
     const Tile tile = sched.get(t);
     if (!tile.valid) break;
     const int kbs = k_blocks<C>(p, tile);
     if (kbs == 0) continue;  // an empty group: the consumers store zeros
     const int c0 = (kA ? tile.m0 : tile.n0) + unit * 8;
-    int bytes[kChunks];
+    bool past[kChunks];  // the thread's unit of chunk j is past the operand's width: zeros
     CUTE_UNROLL
-    for (int j = 0; j < kChunks; ++j) {
-      const int b = (cols - (c0 + 64 * j)) * int(sizeof(T));
-      bytes[j] = b < 0 ? 0 : (b > 16 ? 16 : b);
-    }
-    // The index of token r0 + 16 i of k-block kb (0 past the group's end, never used).
+    for (int j = 0; j < kChunks; ++j) past[j] = c0 + 64 * j >= cols;
+    const int64_t col_off = int64_t(c0) * int64_t(sizeof(T));
+    // The index of token r0 + 16 i of k-block kb (-1 past the group's end).
     auto indices = [&](int kb, int (&v)[kTok]) {
       CUTE_UNROLL
       for (int i = 0; i < kTok; ++i) {
         const int tok = kb * BK + r0 + 16 * i;
-        v[i] = tok < tile.len ? __ldg(p.src + tile.start + tok) : 0;
+        v[i] = tok < tile.len ? __ldg(src + tile.start + tok) : -1;
       }
     };
     // k-block kb from the indices `cur`, after starting the loads of k-block kb + 1's into
@@ -165,31 +198,32 @@ __device__ __forceinline__ void produce_gathered_k(const Params& p, Pipeline& pi
     // two, no copies.)
     auto stage = [&](int kb, const int (&cur)[kTok], int (&nxt)[kTok]) {
       if (kb + 1 < kbs) indices(kb + 1, nxt);
-      pipeline.producer_acquire(ws);
-      uint64_t* bar = pipeline.producer_get_barrier(ws);
-      T* sa = smem.a + ws.index() * (BM * BK);
-      T* sb = smem.b + ws.index() * (BN * BK);
-      const uint32_t sg = cast_smem_ptr_to_uint(kA ? sa : sb) + off;
+      // the source of the thread's unit of each token (row 0's for a token that reads
+      // zeros: never read)
+      const char* row[kTok];
+      bool ok[kTok];
       CUTE_UNROLL
       for (int i = 0; i < kTok; ++i) {
         const bool in = kb * BK + r0 + 16 * i < tile.len;
-        const bool ok = in && cur[i] >= 0 && cur[i] < p.gathered_rows;
-        if (in && !ok && p.err_flag != nullptr) {
-          *reinterpret_cast<volatile int*>(p.err_flag) = kErrIndex;
-        }
-        const char* row = base + (ok ? cur[i] : 0) * row_bytes;
+        ok[i] = cur[i] >= 0 && cur[i] < gathered_rows;
+        bad |= in && !ok[i];
+        row[i] = base + (ok[i] ? cur[i] : 0) * row_bytes + col_off;
+      }
+      pipeline.producer_acquire(ws);
+      uint64_t* bar = pipeline.producer_get_barrier(ws);
+      const uint32_t sg = ring + ws.index() * kStageBytes + off;
+      CUTE_UNROLL
+      for (int i = 0; i < kTok; ++i) {
         CUTE_UNROLL
         for (int j = 0; j < kChunks; ++j) {
-          const int n = ok ? bytes[j] : 0;
-          const char* g = n > 0 ? row + (c0 + 64 * j) * int64_t(sizeof(T)) : base;
-          asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
-                           sg + uint32_t(j * 64 * BK * int(sizeof(T)) + i * 16 * 128)),
-                       "l"(g), "r"(n)
-                       : "memory");
+          cp_async_16(sg + uint32_t(j * 64 * BK * int(sizeof(T)) + i * 16 * 128), row[i] + 128 * j,
+                      past[j] || !ok[i]);
         }
       }
       cutlass::arch::cpasync_barrier_arrive_noinc(bar);
       if (pt == 0) {
+        T* sa = smem.a + ws.index() * (BM * BK);
+        T* sb = smem.b + ws.index() * (BN * BK);
         if constexpr (kA) {
           load_k_boxes<C>(&p.tma_b, tile, kb, bar, sb, tile.n0, BN / 64);
         } else {
@@ -205,6 +239,7 @@ __device__ __forceinline__ void produce_gathered_k(const Params& p, Pipeline& pi
       if (kb + 1 < kbs) stage(kb + 1, ib, ia);
     }
   }
+  if (bad && p.err_flag != nullptr) *reinterpret_cast<volatile int*>(p.err_flag) = kErrIndex;
 }
 
 // The TMA producer (one warp; lane 0 issues): every k-block of every tile of this CTA into
