@@ -165,23 +165,27 @@ varlen::Config gather_k_config(varlen::Gather g) {
 
 }  // namespace
 
-// In-GEMM gathering (the cp.async producers, kernels/varlen/producer.cuh) is off unless
-// GROUPMM_SM90_GATHER=1: the caller gathers the rows first and the TMA kernels run. The
-// gathering kernels are exact (bitwise equal to the TMA kernels on pre-gathered rows) and
-// need no [R, cols] copy, but they are slower than gathering first:
-// - varlen-M, the forward (run 10, H200, bf16, uniform top-8): a Qwen3-like up projection
-//   0.454 ms gathering in the GEMM vs 0.427 ms gathering first (0.94x), DeepSeek-V3-local
-//   3.70 vs 3.25 ms (0.88x); with 128 x 128 tiles it was 0.58x.
-// - DGated (issue 22, H200, Qwen3-30B at 16k tokens, R = 131072): 1.087 ms vs 0.811 ms on
-//   pre-gathered dY (whose gather costs ~0.26 ms): a wash in time.
-// - varlen-K, the weight gradients (same shapes): x[src]^T dH [2048 x 1536] 2.71 ms
-//   (cooperative 128x192) vs 1.16 ms for the ping-pong TMA kernel on x[src] (whose gather
-//   costs ~0.28 ms); act^T dY[src] [768 x 2048] 1.21 vs 0.62 ms. Reading each stage's
-//   indices a stage early changed it by 7 % only: the producer's cp.async stages, not the
-//   index loads, bound it (not profiled further).
+// In-GEMM gathering (the cp.async producers, kernels/varlen/producer.cuh) is on unless
+// GROUPMM_SM90_GATHER=0, which makes the caller gather the rows first and run the TMA
+// kernels (both exact and bitwise equal). Measured after the producers' issue-2026-11
+// rewrite (H100, bf16, uniform top-k routing, T = 16384, .devcarry-style pf.py: in-GEMM vs
+// torch's index_select plus the TMA kernel on the copy, interleaved, two rounds), the
+// in-GEMM product over the gather-first pair: up projection 1.18-1.63x, SwiGLU up projection
+// 0.87-1.23x (OLMoE sizes 0.87-0.98x, the rest >= 0.95x), DGated 1.20-1.78x, dW_in
+// (x[src]^T dH) 0.96-1.46x, dW_out (act^T dY[src]) 1.07-2.05x, over Qwen3-30B, OLMoE,
+// a 256-wide and a 512-wide top-16 configuration (benches/results/
+// h100_bf16_issue28_gather_in_gemm.md). Before the rewrite (every copy re-read the kernel's
+// parameters and waited for its own address, the producer's instruction latency bound the
+// kernel) the weight gradients ran at 0.45-0.65x of the TMA kernel and gathering first won.
 bool gather_in_gemm() {
-  static const bool on = env_choice("GROUPMM_SM90_GATHER", kOnOff).value_or(false);
+  static const bool on = env_choice("GROUPMM_SM90_GATHER", kOnOff).value_or(true);
   return on;
+}
+
+bool gathers_rows(DType dt, const DevInfo& dev) {
+  if (!gather_in_gemm() || !(dt == DType::BF16 || dt == DType::F16)) return false;
+  const Engines en = engines(dt, dt, false, dev);
+  return en.has_primary && en.primary == Engine::kSm90Tma;
 }
 
 PackedChoice choose_packed(const PackedCall& c, const DevInfo& dev) {
@@ -192,7 +196,11 @@ PackedChoice choose_packed(const PackedCall& c, const DevInfo& dev) {
   if (sm90 && c.varlen != nullptr && varlen::can_read(*c.varlen) && c.in == c.out) {
     if (c.epi != Epilogue::Plain) {
       // The fused epilogues: ping-pong 128 x 128 (config.cuh); on gathered rows only when
-      // in-GEMM gathering is on (otherwise the caller gathers first).
+      // in-GEMM gathering is on (otherwise the caller gathers first). On gathered rows the
+      // caller's composition (the gathering cooperative 128 x 256 product, then the SwiGLU
+      // row op) was tried instead of the fused SwiGLU kernel: whole layers on an H100 (bf16,
+      // T = 16384) were 1-7 % slower with it but for OLMoE sizes (1 % faster), so the fused
+      // kernel stays.
       if (!gather || gather_in_gemm()) {
         ch.varlen = find_varlen(c.in, varlen::Config{varlen::Mode::M, varlen::Schedule::PingPong,
                                                      128, c.gather, c.epi});

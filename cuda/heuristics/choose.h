@@ -6,8 +6,8 @@
 //   1) GROUPMM_SM90_VARLEN_CONFIG  auto | pp128 | pp192 | co128 | co192   varlen configuration
 //                               (where the build has it for the call's mode; else auto)
 //   GROUPMM_SM90_CONFIG         auto | 128x256 | 128x128 | ping64x128  ptr-array tile
-//   GROUPMM_SM90_GATHER         auto | 0 | 1   read gathered A rows inside the GEMM (auto: no),
-//                               for the plain and the SwiGLU products
+//   GROUPMM_SM90_GATHER         auto | 0 | 1   read routed rows through the index inside the
+//                               GEMM (auto: yes), every gathered product; 0: gather first
 // Host only.
 #pragma once
 #include "device/types.h"
@@ -67,9 +67,12 @@ Kernels choose_list(const ListCall& c, const DevInfo& dev);
 // (the list form routes each group by it before the choice).
 bool has_aligned_engine(DType in, DType out);
 
-// True when in-GEMM gathering is on (GROUPMM_SM90_GATHER=1; choose.cc says why it is off
-// by default): lets submit_packed answer "unsupported" before any device work on the
-// default path.
+// True unless in-GEMM gathering is turned off (GROUPMM_SM90_GATHER=0; choose.cc has the
+// measurements): lets submit_packed answer "unsupported" before any device work then.
 bool gather_in_gemm();
+// True when products of dtype `dt` on `dev` read routed rows through an index inside the
+// GEMM (the sm_90 varlen kernels, 16-bit, gathering on); where a call's operands are not
+// readable by them (varlen::can_read) the engine still gathers that call's rows first.
+bool gathers_rows(DType dt, const DevInfo& dev);
 
 }  // namespace gmm

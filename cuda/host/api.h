@@ -43,6 +43,10 @@ void launch_list(const ListPlan& plan, uint64_t device_args, uint64_t workspace,
 // Enqueues one row op of the MoE glue (device/rows.h) on the request's stream.
 void launch_rows(const RowsRequest& r);
 
+// Whether products of `dtype` on `device` read routed rows through an index inside the GEMM
+// (heuristics/choose.h, gathers_rows).
+bool gathers_in_gemm(int32_t device, DType dtype);
+
 // Reads and clears the deferred error flag of `device`.
 bool take_deferred_error(int32_t device);
 

@@ -252,14 +252,18 @@ PackedSubmit submit_packed(const PackedRequest& r, uint64_t workspace, size_t wo
       throw std::runtime_error(
           "internal: a fused epilogue needs the GroupedM form and its operands");
     }
-    // In-GEMM gathering off (the default, heuristics/choose.h): answer before any device
-    // work, so that the caller's composed path plans the product once.
+    // The deferred error flag, once per call: a retry on rows the call gathered itself
+    // (flag_taken) leaves that gather's index error for the next call.
+    if (!r.flag_taken) {
+      if (const int flag = take_error_flag(r.device)) {
+        out.status = flag == kErrIndex ? Submitted::IndexPending : Submitted::OffsPending;
+        return out;
+      }
+    }
+    // In-GEMM gathering off (GROUPMM_SM90_GATHER=0, heuristics/choose.h): answer before
+    // any device work, so that the caller's composed path plans the product once.
     if (r.fusion.src != 0 && !gather_in_gemm()) {
       out.status = Submitted::Unsupported;
-      return out;
-    }
-    if (const int flag = take_error_flag(r.device)) {
-      out.status = flag == kErrIndex ? Submitted::IndexPending : Submitted::OffsPending;
       return out;
     }
     PackedPlan pl = plan_packed(r, enter(r.device));
@@ -292,6 +296,15 @@ void launch_planned(const PackedPlan& plan, uint64_t workspace, size_t workspace
     throw std::runtime_error(std::string("groupmm CUDA (") + form_name(plan.d.form) + ", " +
                              std::to_string(plan.d.groups) + " groups, device " +
                              std::to_string(plan.device) + "): " + e.what());
+  }
+}
+
+bool gathers_in_gemm(int32_t device, DType dtype) {
+  try {
+    return gathers_rows(dtype, device_info(device));
+  } catch (const std::exception& e) {
+    throw std::runtime_error("groupmm CUDA (gathers_in_gemm, device " + std::to_string(device) +
+                             "): " + e.what());
   }
 }
 

@@ -19,6 +19,7 @@ __all__ = [
     "gather_k_mm",
     "gather_mm",
     "gather_sum",
+    "gathers_in_gemm",
     "grouped_mm",
     "grouped_mm_backward",
     "grouped_mm_list",
@@ -200,8 +201,8 @@ def swiglu_mm(
     ``x [T, K]``; ``w [E, K, 2F]`` of any strides (either major); ``offs`` int32 ``[E]``;
     ``src`` any integer ``[R]`` (the token of each row; out-of-range values read zero rows
     and are reported at the next call), absent: ``R = T``, the rows of ``x`` in order. The
-    rows are read through ``src`` inside the GEMM where a kernel does (``GROUPMM_SM90_GATHER=1``
-    on Hopper), else gathered first as :func:`gather_mm` does.
+    rows are read through ``src`` inside the GEMM where a kernel does (on Hopper unless
+    ``GROUPMM_SM90_GATHER=0``), else gathered first as :func:`gather_mm` does.
     ValueError for an odd ``w.shape[-1]`` or shapes that do not fit, TypeError and
     RuntimeError for dtypes and devices unlike ``x``'s."""
 
@@ -273,6 +274,12 @@ def scatter_rows(grad: _Rows, inverse: _Rows, weights: Optional[_Rows], rows: in
 def row_dots(grad: _Rows, y: _Rows, inverse: _Rows, out_dtype: Optional[Any] = None) -> _Rows:
     """``out[t, j] = <grad[t], y[inverse[t, j]]>`` (``[T, k]``) as ``out_dtype``:
     ``grad``'s dtype (None) or float32."""
+
+def gathers_in_gemm(device: int, dtype: str) -> bool:
+    """Whether products of ``dtype`` (its torch name, e.g. ``"torch.bfloat16"``) on CUDA
+    device ``device`` read routed rows through ``src`` inside the GEMM (Hopper, 16-bit,
+    unless ``GROUPMM_SM90_GATHER=0``): the fused layer then hands ``src`` to each product
+    instead of copying the rows once for several of them. RuntimeError without CUDA."""
 
 def take_offs_error(device: int) -> bool:
     """Reads and clears the device's deferred error flag (no sync): True when a launch

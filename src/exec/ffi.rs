@@ -96,6 +96,10 @@ pub(crate) mod bridge {
         offs: u64,
         /// What the product does beyond `c = a · b` (see [`Fusion`]).
         fusion: Fusion,
+        /// The deferred error flag was taken by this call's first request (this one runs
+        /// on rows the call gathered itself): not taken again, so that an index error of
+        /// that gather is reported at the next call, as every other one is.
+        flag_taken: bool,
         /// The `cudaStream_t` to run on.
         stream: u64,
     }
@@ -328,6 +332,10 @@ pub(crate) mod bridge {
         /// The addresses are of live device memory of `r.device` that holds the shapes
         /// the request names, used on `r.stream`.
         unsafe fn launch_rows(r: &RowsRequest) -> Result<()>;
+
+        /// Whether products of `dtype` on `device` read routed rows through an index
+        /// inside the GEMM (the sm_90 kernels; `GROUPMM_SM90_GATHER=0` turns it off).
+        fn gathers_in_gemm(device: i32, dtype: DType) -> Result<bool>;
 
         /// Reads and clears the device's deferred error flag (no sync).
         fn take_deferred_error(device: i32) -> Result<bool>;

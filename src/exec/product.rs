@@ -304,8 +304,9 @@ pub unsafe fn product<R: Runtime>(
     if plan.is_empty() {
         return Ok(Some(Outputs::new(target.unwritten(), act, partial)));
     }
-    let fusion = |src| cuda::Fusion {
+    let fusion = |src, retry| cuda::Fusion {
         src,
+        retry,
         src_b,
         epilogue: epilogue.as_ref(),
         act: act.as_ref().map(|(_, t)| t),
@@ -315,7 +316,7 @@ pub unsafe fn product<R: Runtime>(
     // SAFETY: forwarded contract; the operands live (or copies the face keeps for the
     // call), the epilogue's contiguous, the outputs fresh and contiguous or `out`, which
     // is disjoint from every input or (DGated) `pre` itself (checked above).
-    let mut ran = unsafe { submit(rt, p, &x, &y, offs, &fusion(src.as_ref()), &c)? };
+    let mut ran = unsafe { submit(rt, p, &x, &y, offs, &fusion(src.as_ref(), false), &c)? };
     if let (false, Some(src)) = (ran, &src) {
         // No kernel reads the rows through `src` here: gather them first and ask again
         // without it.
@@ -323,7 +324,7 @@ pub unsafe fn product<R: Runtime>(
         let (_keep, rows) = unsafe { gather_rows(rt, if src_b { &y } else { &x }, src)? };
         let (x, y) = if src_b { (&*x, &rows) } else { (&rows, &*y) };
         // SAFETY: as above; `rows` lives until `_keep` drops, after the call.
-        ran = unsafe { submit(rt, p, x, y, offs, &fusion(None), &c)? };
+        ran = unsafe { submit(rt, p, x, y, offs, &fusion(None, true), &c)? };
     }
     if !ran {
         return Ok(None);

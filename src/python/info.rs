@@ -2,6 +2,7 @@
 //! ask the Rust rules for, what this build holds, and the deferred error flag.
 
 use super::guard;
+use crate::dtype::DType;
 use crate::exec;
 use crate::layout::Layout;
 use crate::shape;
@@ -64,6 +65,22 @@ pub(super) fn build_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("cpu_threads", rayon::current_num_threads())?;
     d.set_item("abi3", true)?;
     Ok(d)
+}
+
+/// Whether products of `dtype` (its torch name, e.g. `"torch.bfloat16"`) on CUDA device
+/// `device` read routed rows through `src` inside the GEMM: the fused layer then hands
+/// `src` to each product instead of copying the rows once for several of them.
+#[pyfunction]
+pub(super) fn gathers_in_gemm(device: i32, dtype: &str) -> PyResult<bool> {
+    let dt = [DType::F16, DType::BF16, DType::F32, DType::F64]
+        .into_iter()
+        .find(|d| d.torch_name() == dtype)
+        .ok_or_else(|| {
+            pyo3::exceptions::PyTypeError::new_err(format!(
+                "dtype: expected a torch dtype name such as 'torch.bfloat16', found {dtype:?}"
+            ))
+        })?;
+    guard(|| Ok(exec::cuda::gathers_in_gemm(device, dt)?))
 }
 
 /// Reads and clears the device's deferred error flag (no sync): true when a launch there

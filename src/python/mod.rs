@@ -130,6 +130,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(info::packed_out_shape, m)?)?;
     m.add_function(wrap_pyfunction!(info::list_out_shapes, m)?)?;
     m.add_function(wrap_pyfunction!(info::build_info, m)?)?;
+    m.add_function(wrap_pyfunction!(info::gathers_in_gemm, m)?)?;
     m.add_function(wrap_pyfunction!(info::take_deferred_error, m)?)?;
     m.add("__version__", crate::VERSION)?;
     Ok(())

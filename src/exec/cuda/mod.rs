@@ -76,6 +76,23 @@ pub fn build_info() -> Option<CudaBuildInfo> {
     None
 }
 
+/// Whether products of `dtype` on `device` read the routed rows through `src` inside the
+/// GEMM (Hopper, 16-bit, unless `GROUPMM_SM90_GATHER=0`), so that a caller with two
+/// products over the same gathered rows lets each read them rather than copying them once.
+/// A call whose operands these kernels cannot read still gathers first (one copy).
+pub fn gathers_in_gemm(device: i32, dtype: DType) -> Result<bool> {
+    check_compiled()?;
+    #[cfg(groupmm_cuda)]
+    {
+        ffi::gathers_in_gemm(device, request::ffi_dtype(dtype)).map_err(seam)
+    }
+    #[cfg(not(groupmm_cuda))]
+    {
+        let _ = (device, dtype);
+        unreachable!("checked above")
+    }
+}
+
 /// Reads and clears the deferred error flag of `device` (no sync): true when a launch
 /// there met invalid `offs` (negative, decreasing or out of range) or a routed-row index
 /// out of range since the last read. Only work that has completed is reflected.

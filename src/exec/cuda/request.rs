@@ -10,7 +10,7 @@ use crate::exec::ffi;
 use crate::exec::vocab::{Device, IntTensor, Tensor};
 use crate::shape::{Epilogue, Form, PackedDims, RowPtrs, RowsDims, RowsOp};
 
-fn ffi_dtype(d: DType) -> ffi::DType {
+pub(super) fn ffi_dtype(d: DType) -> ffi::DType {
     match d {
         DType::F16 => ffi::DType::F16,
         DType::BF16 => ffi::DType::BF16,
@@ -124,6 +124,9 @@ pub(in crate::exec) struct Fusion<'a> {
     /// DGated: the float32 `partial` output, `[ceil(F / 64), m]`, contiguous (the router
     /// weight's gradient in partial sums).
     pub partial: Option<&'a Tensor>,
+    /// The call's second request, on rows it gathered after the first was answered
+    /// `Unsupported` ([`ffi::PackedRequest`]'s `flag_taken`).
+    pub retry: bool,
 }
 
 impl Fusion<'_> {
@@ -180,6 +183,7 @@ pub(super) fn packed_request(
         c: kernel_operand(c)?,
         offs: offs.map_or(0, |o| o.ptr as u64),
         fusion: fusion.request(),
+        flag_taken: fusion.retry,
         stream,
     })
 }
@@ -402,6 +406,7 @@ mod tests {
         };
         let r = packed_request(&plan, &x, &w, Some(&offs), &gather, &c, (77, false)).unwrap();
         assert_eq!(r.form, ffi::Form::GroupedM);
+        assert!(!r.flag_taken);
         assert_eq!(
             (r.m, r.n, r.k, r.a.rows, r.fusion.src),
             (24, 8, 16, 10, 4096)
@@ -482,6 +487,7 @@ mod tests {
             epilogue: Epilogue::SwiGLU,
             act: Some(&act),
             partial: None,
+            retry: false,
         };
         let r =
             packed_request(&d.product, &x, &w, Some(&offs), &fusion, &pre, (77, false)).unwrap();
@@ -541,6 +547,7 @@ mod tests {
             },
             act: Some(&act),
             partial: Some(&partial),
+            retry: true,
         };
         let wt = Transposable::transposed(&w);
         let r = packed_request(
@@ -566,6 +573,10 @@ mod tests {
         assert_eq!((r.dtype, r.out_dtype), (ffi::DType::BF16, ffi::DType::BF16));
         let fu = r.fusion;
         assert_eq!((fu.epilogue, fu.src), (ffi::Epilogue::DGated, 0));
+        assert!(
+            r.flag_taken,
+            "a retry does not take the deferred error flag again"
+        );
         assert_eq!(
             (fu.act, fu.pre, fu.scale, fu.partial),
             (1 << 23, 1 << 20, 1 << 21, 1 << 24)
