@@ -7,6 +7,7 @@ backward keeps and why: its module docstring.
 """
 
 # NB: no ``from __future__ import annotations``: torch.library reads the annotations.
+import functools
 from typing import List, Optional, Tuple, cast
 
 import torch
@@ -41,17 +42,24 @@ def _swiglu_mm(x: Tensor, w: Tensor, offs: Tensor, src: Optional[Tensor]) -> Tup
 
 
 def _dgated_mm(
-    dy: Tensor, w_out: Tensor, offs: Tensor, pre: Tensor, scale: Tensor
+    dy: Tensor, w_out: Tensor, offs: Tensor, pre: Tensor, scale: Tensor, src: Optional[Tensor]
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """:func:`_dgated_run` into a fresh ``dpre``."""
-    return _dgated_run(dy, w_out, offs, pre, scale, None)
+    return _dgated_run(dy, w_out, offs, pre, scale, src, None)
 
 
 def _dgated_run(
-    dy: Tensor, w_out: Tensor, offs: Tensor, pre: Tensor, scale: Tensor, out: Optional[Tensor]
+    dy: Tensor,
+    w_out: Tensor,
+    offs: Tensor,
+    pre: Tensor,
+    scale: Tensor,
+    src: Optional[Tensor],
+    out: Optional[Tensor],
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """``(dpre, act_s, row_grad)`` of the down projection's backward, with ``p = dy @
-    w_out[g]ᵀ`` (``[R, F]``), ``s = scale`` (``[R]``, float32, float64 for float64) and
+    w_out[g]ᵀ`` (``[R, F]``; with ``src``, ``dy [T, D]`` is in token order and row ``r``
+    reads ``dy[src[r]]``), ``s = scale`` (``[R]``, float32, float64 for float64) and
     ``[g | u] = pre``: ``dpre = swiglu_grad(s·p, pre)`` (``[R, 2F]``), ``act_s =
     s·silu(g)·u`` (``[R, F]``, the down projection's input scaled by the router weight)
     and ``row_grad[r] = sum_f p[r, f]·silu(g)·u`` (``[R]`` in ``scale``'s dtype: each
@@ -60,11 +68,11 @@ def _dgated_run(
     given, which may be ``pre`` itself), else :func:`_dgated_composed` (a fresh ``dpre``,
     ``out`` untouched)."""
     if scale.dtype == torch.float32:  # the kernels' scale (float64 blocks: no kernel)
-        got = _native.dgated_mm(dy, w_out, offs, pre, scale, None, out)
+        got = _native.dgated_mm(dy, w_out, offs, pre, scale, src, out)
         if got is not None:
             dpre, act_s, partial = got  # partial: float32 [ceil(F/64), R] per column tile
             return dpre, act_s, partial.sum(0)
-    return _dgated_composed(dy, w_out, offs, pre, scale)
+    return _dgated_composed(dy if src is None else take_rows(dy, src), w_out, offs, pre, scale)
 
 
 def _dgated_composed(
@@ -85,7 +93,7 @@ def _dgated_composed(
     return dpre, (act.to(acc) * s).to(act.dtype), row_grad
 
 
-def _dgated_fake(dy, w_out, offs, pre, scale):
+def _dgated_fake(dy, w_out, offs, pre, scale, src):
     rows, width = pre.shape
     return dy.new_empty(rows, width), dy.new_empty(rows, width // 2), scale.new_empty(rows)
 
@@ -95,13 +103,13 @@ _dgated = op("dgated", _dgated_mm, _dgated_fake)
 
 
 def _dgated_over_pre(
-    dy: Tensor, w_out: Tensor, offs: Tensor, pre: Tensor, scale: Tensor
+    dy: Tensor, w_out: Tensor, offs: Tensor, pre: Tensor, scale: Tensor, src: Optional[Tensor]
 ) -> Tuple[Tensor, Tensor]:
     """:func:`_dgated_run` with ``dpre`` written over ``pre`` (the backward's last read of
     it, so that its ``[R, 2F]`` gradient takes no memory of its own): ``(act_s,
     row_grad)``. In place in the DGated kernel (each tile reads its part of ``pre``
     before writing the same part), else copied over it."""
-    dpre, act_s, row_grad = _dgated_run(dy, w_out, offs, pre, scale, pre)
+    dpre, act_s, row_grad = _dgated_run(dy, w_out, offs, pre, scale, src, pre)
     if dpre is not pre:  # composed: a fresh dpre
         pre.copy_(dpre)
     elif direct(pre):  # the extension wrote it: autograd's record of the write
@@ -109,7 +117,7 @@ def _dgated_over_pre(
     return act_s, row_grad
 
 
-def _dgated_over_pre_fake(dy, w_out, offs, pre, scale):
+def _dgated_over_pre_fake(dy, w_out, offs, pre, scale, src):
     rows, width = pre.shape
     return dy.new_empty(rows, width // 2), scale.new_empty(rows)
 
@@ -141,13 +149,13 @@ def _gather_k_mm(
     copy; gathered first elsewhere). ``transposed``: the values as the transposed view of
     a contiguous ``[G, N, K]`` (a column-major weight's gradient, no transposed copy).
 
-    Where the rows are gathered first (no kernel reads them through ``src``: the default),
-    ``a``'s gathered copy is made one slab of its columns at a time (:func:`_slabs`), each
-    slab's product written in place into its rows of the output: the copy is never whole
-    (``[R, K / 2]`` at most, not ``[R, K]``), at the price of reading ``b`` once per
-    slab."""
-    if gathered_b:
-        return _native.gather_k_mm(a, b, offs, src, gathered_b=True, transposed=transposed)
+    Where the rows are gathered first (no kernel reads them through ``src``:
+    :func:`reads_in_gemm`), ``a``'s gathered copy is made one slab of its columns at a time
+    (:func:`_slabs`), each slab's product written in place into its rows of the output: the
+    copy is never whole (``[R, K / 2]`` at most, not ``[R, K]``), at the price of reading
+    ``b`` once per slab."""
+    if gathered_b or reads_in_gemm(a):
+        return _native.gather_k_mm(a, b, offs, src, gathered_b, transposed)
     groups, k, n = offs.shape[0], a.shape[1], b.shape[1]
     if transposed:
         out = a.new_empty(groups, n, k).transpose(-2, -1)
@@ -156,6 +164,23 @@ def _gather_k_mm(
     for c0, c1 in _slabs(k):
         _native.gather_k_mm(a[:, c0:c1], b, offs, src, False, transposed, out[:, c0:c1])
     return out
+
+
+def reads_in_gemm(t: Tensor) -> bool:
+    """Whether the products on ``t``'s device and dtype read routed rows through ``src``
+    inside their GEMMs (``_native.gathers_in_gemm``: Hopper, 16-bit, unless
+    ``GROUPMM_SM90_GATHER=0``), so that no ``[R, ·]`` copy of the rows is made for them."""
+    if t.device.type != "cuda":
+        return False
+    return _gathers_in_gemm(t.device.index or 0, str(t.dtype))
+
+
+@functools.cache
+def _gathers_in_gemm(device: int, dtype: str) -> bool:
+    try:
+        return _native.gathers_in_gemm(device, dtype)
+    except RuntimeError:  # a build without CUDA: the product itself says so
+        return False
 
 
 def _slabs(width: int) -> List[Tuple[int, int]]:
@@ -315,18 +340,18 @@ def _gated_down_grad(ctx, d_out):
         scale = to_rows(d_out.new_ones(inverse.shape[0], 1, dtype=acc), inverse, weights, rows)
         scale = scale.view(rows)
     # dy, each routed row's copy of its token's gradient (d_out[src]: every row is named
-    # once), is made once, by a row gather, and read by both products: the kernels that read
-    # d_out through src (GROUPMM_SM90_GATHER=1) are slower than this copy plus the TMA
-    # kernels (cuda/heuristics/choose.cc), and each would gather it again where they do not
-    # run.
-    dy = d_out if src is None else take_rows(d_out, src)
-    if _rows.differentiable(d_out, w_out, pre, weights):  # double backward
+    # once), read by both products: through src inside their GEMMs where the kernels do
+    # (reads_in_gemm), else made once by a row gather and read by both.
+    double = _rows.differentiable(d_out, w_out, pre, weights)  # double backward
+    dy_src = src if src is not None and not double and reads_in_gemm(d_out) else None
+    dy = d_out if src is None or dy_src is not None else take_rows(d_out, src)
+    if double:
         d_pre, act_s, row_grad = _dgated_composed(dy, w_out, offs, pre, scale)
     elif _overwrites_pre(ctx.own_pre):
-        act_s, row_grad = _dgated_over(dy, w_out, offs, pre, scale)
+        act_s, row_grad = _dgated_over(dy, w_out, offs, pre, scale, dy_src)
         d_pre = pre  # pre's gradient, where pre was
     else:
-        d_pre, act_s, row_grad = _dgated(dy, w_out, offs, pre, scale)
+        d_pre, act_s, row_grad = _dgated(dy, w_out, offs, pre, scale, dy_src)
     del scale
     dweights = None
     if need_weights:
@@ -335,7 +360,11 @@ def _gated_down_grad(ctx, d_out):
         ones = row_grad.new_ones(inverse.shape[0], 1)
         dweights = combine_backward(ones, row_grad.unsqueeze(1), inverse, weights, False, True)[1]
     del row_grad
-    dw_out = _weight_grad(act_s, dy, offs, w_out) if need_w_out else None
+    dw_out = None
+    if need_w_out and dy_src is not None:
+        dw_out = _gather_k(act_s, dy, offs, dy_src, True, column_major(w_out))
+    elif need_w_out:
+        dw_out = _weight_grad(act_s, dy, offs, w_out)
     del act_s, dy
     grads = (d_pre if need_pre else None), None, dw_out, None, None, None, dweights
     return grads + none[7:]

@@ -41,21 +41,21 @@ that autograd frees ``pre`` as soon as the down projection's backward is done):
   scale)`` ("dgated": ``p = dy @ w_out[g]ᵀ`` and in its epilogue the scale, dSwiGLU
   against ``pre`` and the router-weight gradient as a per-row reduction; ``p`` is never
   stored), giving ``d_pre``, ``act_s = scale·act`` and the rows' router-weight gradients;
-  then ``dw_out = act_sᵀ·dy``. ``d_pre`` is written over ``pre`` (op
+  then ``dw_out = act_sᵀ·dy``. Where the products read routed rows inside their GEMMs
+  (``_fused_ops.reads_in_gemm``: Hopper, 16-bit, the default; ``GROUPMM_SM90_GATHER=0``
+  turns it off) there is no ``dy``: ``dgated_mm`` and ``gather_k_mm`` both read ``d_out``
+  through ``src``. ``d_pre`` is written over ``pre`` (op
   ``groupmm::dgated_over_pre``; in the kernel each tile reads its part of ``pre`` before
   writing it) where nothing reads ``pre`` again: :func:`expert_block`'s own ``pre``, no
   compiler tracing, a graph freed by this backward (``retain_graph=False``); else into a
   fresh tensor (op ``groupmm::dgated``). When it returns, ``dy``, ``act_s`` and (where
   ``d_pre`` has memory of its own) ``pre`` are freed.
-  (``dgated_mm`` and ``gather_k_mm`` can read ``d_out`` through ``src`` instead, with no
-  ``dy``; those kernels run only with ``GROUPMM_SM90_GATHER=1``, slower than the copy:
-  cuda/heuristics/choose.cc.)
 - backward of ``swiglu_up``: ``dx = sum_copies(d_pre·w_inᵀ)`` (the ``[R, D]`` product
   freed at once), then ``dw_in = x[src]ᵀ·d_pre`` as op ``groupmm::gather_k_mm``: ``x``'s
-  rows gathered one column slab at a time (two of about ``D / 2`` where ``D >= 128``,
-  each slab's product written into its columns of ``dw_in``, ``d_pre`` read once per
-  slab: the gathered copy is never whole), or read through ``src`` in the GEMM with
-  ``GROUPMM_SM90_GATHER=1``. Weight gradients come in their weight's own memory layout.
+  rows read through ``src`` in the GEMM (``reads_in_gemm``), else gathered one column
+  slab at a time (two of about ``D / 2`` where ``D >= 128``, each slab's product written
+  into its columns of ``dw_in``, ``d_pre`` read once per slab: the gathered copy is never
+  whole). Weight gradients come in their weight's own memory layout.
 
 Nothing of size ``[R, D]`` or ``[R, F]`` (``R = T*k``) is kept for the backward. At OLMoE
 sizes (D = 2048, F = 1024, T = 16384, k = 8, bf16: ``pre``/``d_pre``/``dy``/``x[src]``

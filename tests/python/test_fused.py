@@ -566,7 +566,13 @@ def test_opcheck_expert_block():
     dy, pre = torch.randn(R, 3, dtype=F64), torch.randn(R, 4, dtype=F64)
     scale = torch.rand(R, dtype=F64)
     dgated = torch.ops.groupmm.dgated.default
-    torch.library.opcheck(dgated, (dy, no_grad[2], r.offs, pre, scale))
+    torch.library.opcheck(dgated, (dy, no_grad[2], r.offs, pre, scale, None))
+    # with src: dy in token order, row r reading dy[src[r]]
+    d_out = torch.randn(x.shape[0], 3, dtype=F64)
+    torch.library.opcheck(dgated, (d_out, no_grad[2], r.offs, pre, scale, r.src))
+    got = dgated(d_out, no_grad[2], r.offs, pre, scale, r.src)
+    want = dgated(d_out.index_select(0, r.src.long()), no_grad[2], r.offs, pre, scale, None)
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
     # the weight gradients on gathered rows, both layouts
     gather_k = torch.ops.groupmm.gather_k_mm.default
     for transposed in (False, True):
@@ -622,7 +628,7 @@ def test_dgated_composition_against_its_formula():
     w_out = torch.randn(3, Fh, D, generator=gen, dtype=F64)
     pre = torch.randn(R, 2 * Fh, generator=gen, dtype=F64)
     scale = torch.rand(R, generator=gen, dtype=F64)
-    dpre, act_s, row_grad = _dgated(dy, w_out, offs, pre, scale)
+    dpre, act_s, row_grad = _dgated(dy, w_out, offs, pre, scale, None)
     group = [0, 0, 0, 2, 2, 2, 2]
     p = torch.zeros(R, Fh, dtype=F64)
     for row, g in enumerate(group):

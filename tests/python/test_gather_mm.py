@@ -1,12 +1,12 @@
 """The GroupedM product with gathered rows, ``_native.gather_mm(x, w, offs, src)``:
 ``out[r] = x[src[r]] @ w[g]`` for the rows ``r`` of group ``g`` — the MoE forward on
 tokens in token order (``groupmm.fused.expert_up``). groupmm's varlen kernel can read the
-rows through ``src`` with cp.async (cuda/kernels/varlen/); elsewhere, and on
-the CPU, the rows are gathered first; on Hopper too unless GROUPMM_SM90_GATHER=1, since
-gathering first measured faster. Both against a float64 reference written with torch
-indexing: group sizes at every residue modulo the 128-row tile, K not a multiple of 64 (and
-not of 8: the gathering fallback), empty groups, rows past the last group, out-of-range
-indices (an error: at once on the CPU, at the next call on CUDA), repeated indices,
+rows through ``src`` with cp.async (cuda/kernels/varlen/), on Hopper by default; elsewhere,
+on the CPU and with GROUPMM_SM90_GATHER=0, the rows are gathered first. Both against a
+float64 reference written with torch indexing: group sizes at every residue modulo the
+128-row tile, K not a multiple of 64 (and not of 8: the gathering fallback), empty groups,
+rows past the last group, out-of-range indices (an error: at once on the CPU, at the next
+call on CUDA), repeated indices,
 strided activations, both weight majors, G = 1024, float32 output, outputs poisoned with
 NaN, CUDA-graph replays with new routing, bitwise determinism, and the errors."""
 
@@ -19,6 +19,7 @@ import pytest
 import torch
 from conftest import DEVICES, HAS_CUDA, TOL
 from groupmm import _native
+from groupmm._fused_ops import reads_in_gemm
 
 F64 = torch.float64
 RESIDUES = [0, 1, 2, 63, 64, 65, 127, 128, 129, 255, 256, 257]
@@ -88,13 +89,16 @@ def test_every_dtype(device, dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_out_of_range_src_is_an_error(device):
+@pytest.mark.parametrize("K", [24, 20])
+def test_out_of_range_src_is_an_error(device, K):
     """An out-of-range routing index is never read and never silently a zero row: the
     CPU raises at once; CUDA reads zeros for it and raises at the device's next call (no
-    host sync), once, whether the rows are gathered first or inside the GEMM."""
+    host sync), once, whether the rows are gathered first or inside the GEMM (K = 20: rows
+    of 40 bytes, which no kernel reads through src, so the call gathers them itself and
+    runs again; that gather's error too waits for the next call)."""
     gen = torch.Generator().manual_seed(5)
     sizes = [3, 0, 17, 9]
-    T, K, N = 11, 24, 16
+    T, N = 11, 16
     x = torch.randn(T, K, generator=gen).to(device, torch.bfloat16)
     w = torch.randn(len(sizes), K, N, generator=gen).to(device, torch.bfloat16)
     offs = ends(sizes, device)
@@ -207,8 +211,9 @@ def test_many_groups_and_one_group():
 @pytest.mark.cuda
 @needs_cuda
 def test_which_kernels_run_and_graph_replay():
-    """Gather-then-GEMM by default; the gathering varlen kernel alone (no gather_sum) on
-    Hopper with GROUPMM_SM90_GATHER=1 (the device checks run this file both ways)."""
+    """The gathering varlen kernel alone (no gather_sum) on Hopper, the default;
+    gather-then-GEMM elsewhere and with GROUPMM_SM90_GATHER=0 (the device checks run this
+    file both ways)."""
     gen = torch.Generator().manual_seed(6)
     G, T, K, N, R = 8, 300, 128, 256, 1000
     x = torch.randn(T, K, generator=gen, dtype=F64).to("cuda", torch.bfloat16)
@@ -219,7 +224,7 @@ def test_which_kernels_run_and_graph_replay():
         _native.gather_mm(x, w, offs, src)
         torch.cuda.synchronize()
     names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    in_gemm = hopper() and os.environ.get("GROUPMM_SM90_GATHER") == "1"
+    in_gemm = hopper() and os.environ.get("GROUPMM_SM90_GATHER") != "0"
     assert any("gather_sum" in n for n in names) != in_gemm, names
     if in_gemm:
         assert any("varlen_kernel" in n for n in names), names
@@ -241,3 +246,24 @@ def test_which_kernels_run_and_graph_replay():
         g.replay()
         torch.cuda.synchronize()
         assert torch.equal(first, y), "replays must be bitwise identical"
+
+
+def test_gathers_in_gemm_by_device_and_dtype():
+    """``_native.gathers_in_gemm``, which the fused layer asks before handing ``src`` to
+    both products that read ``dY[src]`` (``_fused_ops.reads_in_gemm``): a dtype name it
+    does not know is a TypeError naming the argument; without a GPU a RuntimeError; on a
+    GPU True exactly for the 16-bit dtypes on Hopper, unless GROUPMM_SM90_GATHER=0."""
+    with pytest.raises(TypeError, match="dtype"):
+        _native.gathers_in_gemm(0, "torch.int8")
+    assert not reads_in_gemm(torch.zeros(2, dtype=torch.bfloat16))  # CPU tensors: never
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError):
+            _native.gathers_in_gemm(0, "torch.bfloat16")
+        return
+    on = hopper() and os.environ.get("GROUPMM_SM90_GATHER") != "0"
+    dev = torch.cuda.current_device()
+    for dt in (torch.bfloat16, torch.float16):
+        assert _native.gathers_in_gemm(dev, str(dt)) == on
+        assert reads_in_gemm(torch.zeros(2, device="cuda", dtype=dt)) == on
+    for dt in (torch.float32, torch.float64):
+        assert not _native.gathers_in_gemm(dev, str(dt))
