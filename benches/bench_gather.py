@@ -2,13 +2,13 @@
 
 - ``gemm(a)``: groupmm's grouped GEMM on rows gathered beforehand (the GEMM alone);
 - ``sel+gmm``: ``x.index_select(0, src)`` then that GEMM;
-- ``gather_mm``: ``groupmm._native.gather_mm(x, w, offs, src)`` — by default the engine's
-  row gather then the GEMM; with ``GROUPMM_SM90_GATHER=1`` on Hopper, the varlen kernel
-  that reads the rows through ``src`` itself;
+- ``gather_mm``: ``groupmm._native.gather_mm(x, w, offs, src)`` — on Hopper by default
+  the varlen kernel that reads the rows through ``src`` itself; with
+  ``GROUPMM_SM90_GATHER=0`` (and elsewhere) the engine's row gather then the GEMM;
 - ``sel+F.gmm``: ``index_select`` then ``torch.nn.functional.grouped_mm``.
 
     cd benches && python3 bench_gather.py                      # default path
-    cd benches && GROUPMM_SM90_GATHER=1 python3 bench_gather.py
+    cd benches && GROUPMM_SM90_GATHER=0 python3 bench_gather.py
 
 Timing: benches/timing.py (CUDA events, calls back to back, median of 20 after 5).
 benches/NOTES-gpu.md run 10 has the results.

@@ -26,20 +26,21 @@ _RD, _RF, _R2F, _TD, _TK = ("R", "D"), ("R", "F"), ("R", "2F"), ("T", "D"), ("T"
 _W_IN, _W_OUT = ("E", "D", "2F"), ("E", "F", "D")
 
 
-def fused_passes(gather_x_in_gemm: bool = False, dy_in_gemm: bool = False, slabs: int = 2) -> tuple:
+def fused_passes(gather_x_in_gemm: bool = True, dy_in_gemm: bool = True, slabs: int = 1) -> tuple:
     """groupmm's fused block (``groupmm.fused.expert_block``) as passes over the routed
     rows, forward then backward, in the order they run: a tuple of (phase, pass, reads,
     writes).
 
     This table MUST follow groupmm/fused.py's forward and backward; update it when
-    fused.py changes. The defaults are the default path: ``x``'s rows gathered into a
-    copy ``xs`` before the up projection, ``dy = d_out[src]`` copied once for the dgated
-    and dW_out GEMMs, and ``x``'s rows gathered again for dW_in, one column slab at a
-    time (``slabs`` of them: ``groupmm.fused._slabs``, two where D >= 128, one below; each
-    slab's GEMM reads all of ``d_pre``). ``gather_x_in_gemm``: the up projection and dW_in
-    read ``x``'s rows through ``src`` (no gather passes; dW_in still runs slab by slab).
-    ``dy_in_gemm``: the dgated and dW_out GEMMs read ``d_out``'s rows through ``src`` (no
-    ``dy``)."""
+    fused.py changes. The defaults are the default path on Hopper (16-bit): every GEMM
+    over routed rows reads them through ``src`` (``gather_x_in_gemm``: the up projection
+    and dW_in read ``x``'s rows, dW_in in one product; ``dy_in_gemm``: the dgated and dW_out
+    GEMMs read ``d_out``'s, no ``dy``). Both off is the gather-first path
+    (``GROUPMM_SM90_GATHER=0``, other GPUs): ``x``'s rows gathered into a copy ``xs``
+    before the up projection, ``dy = d_out[src]`` copied once for the dgated and dW_out
+    GEMMs, and ``x``'s rows gathered again for dW_in, one column slab at a time (``slabs``
+    of them: ``groupmm.fused._slabs``, two where D >= 128, one below; each slab's GEMM
+    reads all of ``d_pre``)."""
     gx, gy = gather_x_in_gemm, dy_in_gemm
     # the tensors: (name, symbolic shape)
     x_src, xs = ("x[src]", _RD), ("xs", _RD)
@@ -148,13 +149,13 @@ def byte_budget(
     config: tuple,
     tokens: int,
     es: int = 2,
-    gather_x_in_gemm: bool = False,
-    dy_in_gemm: bool = False,
+    gather_x_in_gemm: bool = True,
+    dy_in_gemm: bool = True,
 ) -> dict:
     """The routed-row bytes of one step, ``{"fused": .., "sonicmoe": ..}`` (each
     ``pass_bytes``), with the element size, R and the fused table's switches (and its
-    dW_in slabs, as ``groupmm.fused`` splits D)."""
-    slabs = len(_fused._slabs(config[0]))
+    dW_in slabs where x's rows are gathered first, as ``groupmm.fused`` splits D)."""
+    slabs = 1 if gather_x_in_gemm else len(_fused._slabs(config[0]))
     fused = fused_passes(gather_x_in_gemm, dy_in_gemm, slabs)
     return {
         "element_bytes": es,
@@ -190,7 +191,8 @@ def doc_budget(doc: dict, config: str, tokens: int, *rows):
     if config not in CONFIGS:
         return None
     es = ELEMENT_BYTES.get(doc.get("dtype") or "bfloat16", 2)
-    sw = doc.get("bytes_switches") or {}
+    # a file that records no switches predates them: the rows were gathered first
+    sw = doc.get("bytes_switches") or {"gather_x_in_gemm": False, "dy_in_gemm": False}
     return byte_budget(CONFIGS[config], tokens, es, **sw)
 
 

@@ -10,7 +10,7 @@ and optionally the unfused, torch-gmm and plain layers), each kernel put in a ca
     python3 benches/profile_moe.py --dry-run [...]                  # the rows; no GPU
     python3 benches/profile_moe.py --from-json out.json [--md out.md]  # render; no GPU
     python3 benches/profile_moe.py --bytes-only [--configs ..] [--tokens ..] [--bytes-detail]
-        [--gather-x-in-gemm] [--dy-in-gemm] [--md out.md] [--json out.json]  # no GPU
+        [--gather-first] [--md out.md] [--json out.json]  # no GPU
 
 Each row profiles the same layer call bench_moe.py times (``moe_layers.build_impls``): the
 same layer (``torch.manual_seed(0)``), x and output gradient (``torch.manual_seed(T)``),
@@ -44,10 +44,10 @@ per (config, tokens). Token-order ``[T, ·]`` tensors and weights are listed at 
 vectors and per-row scalars not at all. The passes are declarative tables of symbolic
 shapes (``fused_passes``, ``SONICMOE_PASSES``) that ``pass_bytes`` multiplies out. The
 fused table must follow groupmm/fused.py's forward and backward; update it when fused.py
-changes. Its switches ``--gather-x-in-gemm`` (the up projection and dW_in read x's rows
-through the index: no gather passes) and ``--dy-in-gemm`` (the dgated and dW_out GEMMs
-read d_out's rows through the index: no dy copy) say which path the fused run took; both
-off is the default path. SonicMoE's table is its design (its GEMMs read the rows of x and
+changes. By default it is the path on Hopper (16-bit): every GEMM over routed rows reads
+them through the index, no gather passes; ``--gather-first`` is the path with
+``GROUPMM_SM90_GATHER=0`` and on other GPUs (x's rows and dy copied by row gathers, dW_in
+in column slabs). SonicMoE's table is its design (its GEMMs read the rows of x and
 d_out through the index). ``--bytes-only`` prints the budget tables of the selected
 configs x tokens (bf16) without profiling; ``--from-json`` of a file without budgets
 computes them from the config (bf16 unless the file names its dtype; "-" for a config
@@ -67,6 +67,7 @@ import groupmm
 import peer_sonicmoe as sonic  # benches/peer_sonicmoe.py, same folder
 import torch
 from cli import comma_list, line_buffered_stdout, parser  # benches/cli.py, same folder
+from groupmm._fused_ops import reads_in_gemm
 from groupmm.moe import MoELayer
 from moe_bytes import byte_budget, render_bytes_md  # benches/moe_bytes.py, same folder
 from moe_configs import CONFIGS, MODELS, ROUTINGS, select_configs
@@ -150,16 +151,10 @@ def parse_args(argv=None):
         help="the byte budget per pass of every config x tokens (default: the first)",
     )
     p.add_argument(
-        "--gather-x-in-gemm",
+        "--gather-first",
         action="store_true",
-        help="byte budget: the fused up projection and dW_in read x's rows through the "
-        "index (no gather passes)",
-    )
-    p.add_argument(
-        "--dy-in-gemm",
-        action="store_true",
-        help="byte budget: the fused dgated and dW_out GEMMs read d_out's rows through "
-        "the index (no dy copy)",
+        help="byte budget: the fused path that copies the routed rows with row gathers "
+        "first (GROUPMM_SM90_GATHER=0, GPUs other than Hopper)",
     )
     args = p.parse_args(argv)
     args.argv = argv
@@ -204,9 +199,16 @@ def profile_steps(step, steps: int) -> list:
     return events
 
 
-def switches(args) -> dict:
-    """The fused byte budget's switches (``fused_passes``) the arguments ask for."""
-    return {"gather_x_in_gemm": args.gather_x_in_gemm, "dy_in_gemm": args.dy_in_gemm}
+def switches(args, dev=None, dtype=None) -> dict:
+    """The fused byte budget's switches (``fused_passes``): with a device and dtype, the
+    path the fused layer takes there (``reads_in_gemm``: the rows read inside the GEMMs on
+    Hopper unless GROUPMM_SM90_GATHER=0); without, the Hopper default unless
+    ``--gather-first``."""
+    if dev is None:
+        in_gemm = not args.gather_first
+    else:
+        in_gemm = reads_in_gemm(torch.empty(0, device=dev, dtype=dtype))
+    return {"gather_x_in_gemm": in_gemm, "dy_in_gemm": in_gemm}
 
 
 def bytes_only(args, plan) -> int:
@@ -237,7 +239,7 @@ def profile_shape(cname, T, layer, S, sonic_w, why_no_sonic, args, dev, dtype):
     fwd, leaves, errors = build_impls(layer, ids, k, S, sonic_w, why_no_sonic)
     rows, skipped = [], []
     es = torch.empty((), dtype=dtype).element_size()
-    budget = byte_budget(CONFIGS[cname], T, es, **switches(args))
+    budget = byte_budget(CONFIGS[cname], T, es, **switches(args, dev, dtype))
 
     def skip(name, why):
         skipped.append({"config": cname, "tokens": T, "impl": name, "why": why})
@@ -335,7 +337,7 @@ def main(argv=None) -> int:
         "steps": args.steps,
         "warmup": args.warmup,
         "patterns": {c: list(p) for c, p in KERNEL_PATTERNS},
-        "bytes_switches": switches(args),
+        "bytes_switches": switches(args, dev, dtype),
         "rows": [],
         "skipped": [],
     }

@@ -132,7 +132,8 @@ def gathered(dev) -> int:
     (``_native.gather_k_mm``: either operand gathered, both output layouts, token counts
     around the 64-token k-block) and the dgated product reading ``dy`` through ``src``,
     with repeated and out-of-range indices (reported through the deferred flag); the
-    gathering varlen kernels under GROUPMM_SM90_GATHER=1 (sanitize.sh's "gather" path)."""
+    gathering varlen kernels by default, the row gather then the TMA kernels under
+    GROUPMM_SM90_GATHER=0 (sanitize.sh's "gather-first" path)."""
     n = 0
     for dtype in (torch.bfloat16, torch.float16):
         sizes = [0, 1, 127, 128, 129, 0, 200]

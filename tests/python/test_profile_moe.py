@@ -307,7 +307,7 @@ QWEN3 = (2048, 768, 128, 8)  # Qwen3-30B-A3B: D, F, E, k
 RD, RF, R2F = 0.5, 0.1875, 0.375
 
 #: fused, default path: (read GiB, written GiB) per pass, by hand from the brief's list
-FUSED_DEFAULT = [
+FUSED_GATHER_FIRST = [
     (RD, RD),  # 1. gather x[src]
     (RD, R2F + RF),  # 2. up + SwiGLU: pre, act
     (RF, RD),  # 3. down: y
@@ -337,9 +337,9 @@ SONIC = [
     [
         # fwd: 1.0 + 1.0625 + 0.6875 + 0.5; bwd: 1.0 + 1.4375 + 0.6875 + 0.875 + 0.5 + 1.0 + 1.25
         (False, False, 3.25, 6.75),
-        (True, False, 2.25, 5.75),  # no gather passes 1 and 10
+        (True, False, 2.25, 5.375),  # no gather passes 1 and 10, dW_in in one product
         (False, True, 3.25, 5.75),  # no gather pass 5
-        (True, True, 2.25, 4.75),  # SonicMoE's passes, but dW_in's second read of d_pre
+        (True, True, 2.25, 4.375),  # the default on Hopper: SonicMoE's passes
     ],
 )
 def test_byte_budget_qwen3_by_hand(gx, gy, fwd, bwd):
@@ -355,9 +355,11 @@ def test_byte_budget_qwen3_by_hand(gx, gy, fwd, bwd):
     got = [(p["read_bytes"] / gib, p["write_bytes"] / gib) for p in b["fused"]["passes"]]
     want = [
         rw
-        for i, rw in enumerate(FUSED_DEFAULT, 1)
+        for i, rw in enumerate(FUSED_GATHER_FIRST, 1)
         if not (gx and i in (1, 10)) and not (gy and i == 5)
     ]
+    if gx:  # dW_in in one product: d_pre read once
+        want[-1] = (RD + R2F, 0)
     assert got == want
     ff, fb, sf, sb, ratio = moe_bytes.budget_totals(b)
     assert (ff, fb, sf, sb) == (fwd, bwd, 2.25, 4.375)
@@ -366,7 +368,7 @@ def test_byte_budget_qwen3_by_hand(gx, gy, fwd, bwd):
 
 
 def test_byte_budget_passes_and_sizes():
-    b = moe_bytes.byte_budget(QWEN3, 16384)
+    b = moe_bytes.byte_budget(QWEN3, 16384, gather_x_in_gemm=False, dy_in_gemm=False)
     names = [p["pass"] for p in b["fused"]["passes"]]
     assert names[0] == "gather x[src] (row kernel)" and len(names) == 11
     assert [p["phase"] for p in b["fused"]["passes"]] == ["fwd"] * 4 + ["bwd"] * 7
@@ -391,7 +393,8 @@ def test_byte_budget_passes_and_sizes():
     b4 = moe_bytes.byte_budget(QWEN3, 16384, 4)
     b2 = moe_bytes.byte_budget(QWEN3, 16384, 2)
     assert b4["fused"]["bwd"] == 2 * b2["fused"]["bwd"]
-    tiny = moe_bytes.byte_budget((64, 32, 8, 2), 32)
+    assert b2["fused"]["passes"][-1]["pass"] == "dW_in GEMM"  # one product: no slabs
+    tiny = moe_bytes.byte_budget((64, 32, 8, 2), 32, 2, False, False)
     assert tiny["fused"]["passes"][-1]["pass"] == "dW_in GEMM"
     assert tiny["fused"]["passes"][-1]["read_bytes"] == 64 * (64 + 64) * 2
     assert moe_bytes.shape_bytes(("T", "D"), moe_bytes.dims(*QWEN3, 16), 2) == 0
@@ -401,7 +404,7 @@ def test_byte_budget_passes_and_sizes():
 def test_pass_tables_are_declarative():
     for table in (
         moe_bytes.fused_passes(),
-        moe_bytes.fused_passes(True, True, 1),
+        moe_bytes.fused_passes(False, False, 2),
         moe_bytes.SONICMOE_PASSES,
     ):
         phases = [p[0] for p in table]
@@ -410,8 +413,10 @@ def test_pass_tables_are_declarative():
             assert phase in ("fwd", "bwd") and isinstance(name, str)
             for tensor, shape in (*reads, *writes):
                 assert isinstance(tensor, str) and set(shape) <= set(moe_bytes.DIMS)
-    assert len(moe_bytes.fused_passes()) == 11 and len(moe_bytes.fused_passes(True, False)) == 9
-    assert len(moe_bytes.fused_passes(False, True)) == 10 and len(moe_bytes.SONICMOE_PASSES) == 8
+    assert len(moe_bytes.fused_passes(False, False)) == 11
+    assert len(moe_bytes.fused_passes(True, False)) == 9
+    assert len(moe_bytes.fused_passes(False, True)) == 10 and len(moe_bytes.fused_passes()) == 8
+    assert len(moe_bytes.SONICMOE_PASSES) == 8
 
 
 def test_render_md_bytes_columns_and_pass_tables():
@@ -447,7 +452,7 @@ def test_render_md_bytes_columns_and_pass_tables():
     assert "### Byte budget per pass: olmoe T=4096 (R = 32768" in md
     # a row's own "bytes" (as a run writes them) wins over the config's; the file's dtype
     # and switches apply where none is recorded
-    rows[0]["bytes"] = moe_bytes.byte_budget(QWEN3, 16384, 4)
+    rows[0]["bytes"] = moe_bytes.byte_budget(QWEN3, 16384, 4, False, False)
     line = next(
         ln for ln in prof_report.render_md(_doc(rows)).splitlines() if ln.startswith("| qwen3")
     )
@@ -469,8 +474,9 @@ def test_bytes_only_on_the_cpu(monkeypatch, tmp_path, capsys):
     assert printed == md.read_text()
     lines = printed.splitlines()
     assert lines[0] == "# Routed-row byte budget of one forward+backward step (analytic)"
-    assert "| qwen3-30b-a3b | 16384 | 131072 | 3.250 | 6.750 | 2.250 | 4.375 | 1.51 |" in lines
-    assert "| olmoe | 4096 | 32768 | 0.875 | 1.875 | 0.625 | 1.250 | 1.47 |" in lines
+    # the default on Hopper: the routed rows read inside the GEMMs, SonicMoE's passes
+    assert "| qwen3-30b-a3b | 16384 | 131072 | 2.250 | 4.375 | 2.250 | 4.375 | 1.00 |" in lines
+    assert "| olmoe | 4096 | 32768 | 0.625 | 1.250 | 0.625 | 1.250 | 1.00 |" in lines
     assert len([ln for ln in lines if ln.startswith(("| qwen3", "| olmoe"))]) == 4
     assert printed.count("### Byte budget per pass") == 1
     doc = json.loads(js.read_text())
@@ -484,11 +490,13 @@ def test_bytes_only_on_the_cpu(monkeypatch, tmp_path, capsys):
     assert doc["budgets"][1]["bytes"] == moe_bytes.byte_budget(QWEN3, 16384)
     # every row's passes; the switches
     argv = ["--bytes-only", "--configs", "qwen3-30b-a3b", "--tokens", "4096,16384"]
-    assert prof.main(argv + ["--bytes-detail", "--gather-x-in-gemm", "--dy-in-gemm"]) == 0
+    assert prof.main(argv + ["--bytes-detail"]) == 0
     printed = capsys.readouterr().out
     assert printed.count("### Byte budget per pass") == 2
-    assert "| qwen3-30b-a3b | 16384 | 131072 | 2.250 | 4.750 | 2.250 | 4.375 | 1.06 |" in printed
     assert "row kernel) |" not in printed.replace("sum over k (row kernel) |", "")
+    assert prof.main(argv + ["--gather-first"]) == 0  # GROUPMM_SM90_GATHER=0, other GPUs
+    printed = capsys.readouterr().out
+    assert "| qwen3-30b-a3b | 16384 | 131072 | 3.250 | 6.750 | 2.250 | 4.375 | 1.51 |" in printed
 
 
 def test_from_json_without_bytes(monkeypatch, tmp_path, capsys):
@@ -632,7 +640,9 @@ def test_main_profiles_fused_and_sonicmoe(monkeypatch, tmp_path, capsys):
     assert r["warmup_s"] >= 0
     # each row's byte budget, at the run's element size (float32 on the CPU)
     tiny = configs.CONFIGS["tiny"]
-    assert all(r["bytes"] == moe_bytes.byte_budget(tiny, r["tokens"], 4) for r in doc["rows"])
+    # (on the CPU the fused layer gathers the rows first: reads_in_gemm)
+    want = [moe_bytes.byte_budget(tiny, r["tokens"], 4, False, False) for r in doc["rows"]]
+    assert [r["bytes"] for r in doc["rows"]] == want
     assert doc["bytes_switches"] == {"gather_x_in_gemm": False, "dy_in_gemm": False}
     md = (tmp_path / "p.md").read_text()
     assert "| tiny | 32 | 1.250 | 1.250 | 1.000 | 0.250 | 0.000 |" in md
