@@ -1,0 +1,39 @@
+# The router's top-k (torch.topk) against a full sort per row, H100 (issue 28): h100_issue28_topk.jsonl.
+import json
+
+import torch
+
+
+def t(f, reps=50):
+    for _ in range(5):
+        f()
+    torch.cuda.synchronize()
+    res = []
+    for _ in range(5):
+        a, b = torch.cuda.Event(True), torch.cuda.Event(True)
+        a.record()
+        for _ in range(reps):
+            f()
+        b.record()
+        b.synchronize()
+        res.append(a.elapsed_time(b) / reps * 1000)
+    return sorted(res)[2]
+
+
+print(torch.cuda.get_device_name())
+for T in (4096, 16384):
+    for E, k in ((32, 2), (64, 8), (128, 8), (256, 8), (256, 16)):
+        p = torch.randn(T, E, device="cuda").softmax(-1)
+        v1, i1 = p.topk(k, dim=-1)
+        s, o = p.sort(dim=-1, descending=True)
+        v2, i2 = s[:, :k], o[:, :k]
+        same = torch.equal(v1, v2) and torch.equal(i1, i2)
+        r = dict(
+            T=T,
+            E=E,
+            k=k,
+            topk_us=t(lambda: p.topk(k, dim=-1)),
+            sort_us=t(lambda: p.sort(dim=-1, descending=True)),
+            sort_slice_same=same,
+        )
+        print(json.dumps(r), flush=True)
