@@ -1,4 +1,6 @@
-# The router's top-k (torch.topk) against a full sort per row, H100 (issue 28): h100_issue28_topk.jsonl.
+# ruff: noqa: B023  (the lambdas are timed within the iteration that made them)
+# The router's top-k (torch.topk) against a full sort per row, H100 (issue 28):
+# h100_issue28_topk.jsonl.
 import json
 
 import torch
