@@ -26,6 +26,13 @@ impl DType {
         }
     }
 
+    /// The dtype `torch_name` spells as `name` (`"torch.bfloat16"`, ...), if any.
+    pub fn from_torch_name(name: &str) -> Option<DType> {
+        [DType::F16, DType::BF16, DType::F32, DType::F64]
+            .into_iter()
+            .find(|d| d.torch_name() == name)
+    }
+
     /// Size of one element in bytes.
     pub fn size(self) -> usize {
         match self {
@@ -122,5 +129,19 @@ impl Element for bf16 {
     }
     fn from_f32(v: f32) -> Self {
         bf16::from_f32(v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DType;
+
+    #[test]
+    fn torch_names_round_trip() {
+        for d in [DType::F16, DType::BF16, DType::F32, DType::F64] {
+            assert_eq!(DType::from_torch_name(d.torch_name()), Some(d));
+        }
+        assert_eq!(DType::from_torch_name("torch.int8"), None);
+        assert_eq!(DType::from_torch_name("bfloat16"), None);
     }
 }

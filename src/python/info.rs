@@ -72,14 +72,11 @@ pub(super) fn build_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 /// `src` to each product instead of copying the rows once for several of them.
 #[pyfunction]
 pub(super) fn gathers_in_gemm(device: i32, dtype: &str) -> PyResult<bool> {
-    let dt = [DType::F16, DType::BF16, DType::F32, DType::F64]
-        .into_iter()
-        .find(|d| d.torch_name() == dtype)
-        .ok_or_else(|| {
-            pyo3::exceptions::PyTypeError::new_err(format!(
-                "dtype: expected a torch dtype name such as 'torch.bfloat16', found {dtype:?}"
-            ))
-        })?;
+    let dt = DType::from_torch_name(dtype).ok_or_else(|| {
+        pyo3::exceptions::PyTypeError::new_err(format!(
+            "dtype: expected a torch dtype name such as 'torch.bfloat16', found {dtype:?}"
+        ))
+    })?;
     guard(|| Ok(exec::cuda::gathers_in_gemm(device, dt)?))
 }
 
