@@ -172,7 +172,8 @@ def reads_in_gemm(t: Tensor) -> bool:
     ``GROUPMM_SM90_GATHER=0``), so that no ``[R, ·]`` copy of the rows is made for them."""
     if t.device.type != "cuda":
         return False
-    return _gathers_in_gemm(t.device.index or 0, str(t.dtype))
+    index = t.device.index
+    return _gathers_in_gemm(torch.cuda.current_device() if index is None else index, str(t.dtype))
 
 
 @functools.cache
