@@ -163,6 +163,27 @@ varlen::Config gather_k_config(varlen::Gather g) {
   return varlen::Config{varlen::Mode::K, varlen::Schedule::Cooperative, 192, g};
 }
 
+// The SwiGLU epilogue's configuration: cooperative 128 x 256 (half the A bytes per FLOP of
+// ping-pong 128 x 128, which a gathered A pays for in cp.async requests), or the ping-pong
+// 128 x 128 one where GROUPMM_SM90_SWIGLU=pp128. Measured (H100, bf16, T = 16384, uniform
+// top-k, processes alternated, two rounds; benches/results/h100_bf16_issue28_swiglu_coop.md)
+// on rows gathered through src, co256 over pp128: Qwen3-30B 1.34-1.44x, OLMoE 1.26-1.35x,
+// a 256-wide expert 1.26x, a 512-wide top-16 one 1.36x, Qwen3-235B 1.34x; on packed rows
+// 0.96-1.12x (Qwen3-30B 1.03x, Qwen3-235B 1.12x, the 256-wide 0.96-1.04x).
+constexpr EnvName<varlen::Config> kSwigluNames[] = {
+    {"pp128", {varlen::Mode::M, varlen::Schedule::PingPong, 128}},
+    {"co256", {varlen::Mode::M, varlen::Schedule::Cooperative, 256}}};
+
+varlen::Config fused_config(varlen::Gather g, Epilogue epi) {
+  static const std::optional<varlen::Config> forced =
+      env_choice("GROUPMM_SM90_SWIGLU", kSwigluNames);
+  if (epi == Epilogue::SwiGLU) {
+    const varlen::Config c = forced.value_or(kSwigluNames[1].value);
+    return varlen::Config{varlen::Mode::M, c.schedule, c.bn, g, epi};
+  }
+  return varlen::Config{varlen::Mode::M, varlen::Schedule::PingPong, 128, g, epi};
+}
+
 }  // namespace
 
 // In-GEMM gathering (the cp.async producers, kernels/varlen/producer.cuh) is on unless
@@ -195,15 +216,14 @@ PackedChoice choose_packed(const PackedCall& c, const DevInfo& dev) {
   const bool gather = c.gather != varlen::Gather::None;
   if (sm90 && c.varlen != nullptr && varlen::can_read(*c.varlen) && c.in == c.out) {
     if (c.epi != Epilogue::Plain) {
-      // The fused epilogues: ping-pong 128 x 128 (config.cuh); on gathered rows only when
-      // in-GEMM gathering is on (otherwise the caller gathers first). On gathered rows the
-      // caller's composition (the gathering cooperative 128 x 256 product, then the SwiGLU
-      // row op) was tried instead of the fused SwiGLU kernel: whole layers on an H100 (bf16,
-      // T = 16384) were 1-7 % slower with it but for OLMoE sizes (1 % faster), so the fused
-      // kernel stays.
+      // The fused epilogues (fused_config); on gathered rows only when in-GEMM gathering is
+      // on (otherwise the caller gathers first). On gathered rows the caller's composition
+      // (the gathering cooperative 128 x 256 product, then the SwiGLU row op) was tried
+      // against the ping-pong 128 x 128 SwiGLU kernel: whole layers on an H100 (bf16,
+      // T = 16384) were 1-7 % slower with it but for OLMoE sizes (1 % faster); the fused
+      // cooperative 128 x 256 kernel now beats both.
       if (!gather || gather_in_gemm()) {
-        ch.varlen = find_varlen(c.in, varlen::Config{varlen::Mode::M, varlen::Schedule::PingPong,
-                                                     128, c.gather, c.epi});
+        ch.varlen = find_varlen(c.in, fused_config(c.gather, c.epi));
       }
     } else if (gather && c.varlen->mode == varlen::Mode::K) {
       if (gather_in_gemm()) ch.varlen = find_varlen(c.in, gather_k_config(c.gather));

@@ -69,7 +69,8 @@ struct Args {
   int groups = 0;
   // varlen-M: m = T (rows), n = N, k = K.  varlen-K: m = M, n = N, k = T (tokens).
   int m = 0, n = 0, k = 0;
-  // The epilogue and its operands (varlen-M; the fused ones: ping-pong 128 x 128).
+  // The epilogue and its operands (varlen-M; which configurations each runs in: its
+  // policy's fits()).
   EpiArgs epi;
   int* err_flag = nullptr;  // device view of the deferred error flag, may be null
   int sm_count = 0;

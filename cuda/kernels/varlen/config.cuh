@@ -94,9 +94,10 @@ struct Cfg {
   using OrderA = conditional_t<kAKMajor, Step<_1, _2, _3>, Step<_2, _1, _3>>;
   using OrderB = conditional_t<kMajB == GMMA::Major::K, Step<_1, _2, _3>, Step<_2, _1, _3>>;
 
-  // The epilogue's staging tile: cooperative, the whole BM x BN tile (64-column chunks of
-  // BM rows); ping-pong, per warpgroup two BM x 64 chunk buffers used in turn.
-  static constexpr int kDElems = kPingPong ? 2 * 2 * BM * 64 : BM * BN;
+  // The epilogue's staging tile: cooperative, the policy's number of 64-column chunks of BM
+  // rows (the plain epilogue: the whole BM x BN tile); ping-pong, per warpgroup two BM x 64
+  // chunk buffers used in turn.
+  static constexpr int kDElems = kPingPong ? 2 * 2 * BM * 64 : Epi::coop_chunks(BN) * BM * 64;
   static constexpr int kStageBytes = (BM + BN) * BK * int(sizeof(T));
   // per stage, what the TMA unit loads (a gathered operand arrives by cp.async)
   static constexpr int kTmaBytes = (kGatherOp == Gather::A   ? BN

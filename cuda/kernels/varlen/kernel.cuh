@@ -9,7 +9,7 @@
 //   exact zeros from the same kernel.
 // - Persistent CTAs (one per SM): a producer warpgroup (producer.cuh) fills a ring of
 //   `kStages` stages; two consumer warpgroups run wgmma (mainloop.cuh) and the epilogue
-//   (epilogue/: the plain one, or C::Epi's in ping-pong), in one of two schedules:
+//   (C::Epi, a policy of epilogue/), in one of two schedules:
 //   Cooperative: both on one 128 x BN tile, 64 rows each.
 //   PingPong: tiles alternate between the warpgroups. A warpgroup starts a tile's
 //     mainloop when the other has issued the last wgmma of its previous tile (named
@@ -26,9 +26,9 @@
 
 namespace gmm::varlen {
 
-// The plain epilogue only (fused ones are ping-pong: their fits()).
+// The epilogue policy's store_coop (plain, and SwiGLU at 128 x 256: their fits()).
 template <class C, class Pipeline, class Sched>
-__device__ __forceinline__ void consume_cooperative(const Params& p, Pipeline& pipeline,
+__device__ __forceinline__ void consume_cooperative(const typename C::Params& p, Pipeline& pipeline,
                                                     Sched& sched, typename C::Smem& smem, int cwg,
                                                     int ct) {
   constexpr int BM = C::BM, BN = C::BN;
@@ -38,24 +38,18 @@ __device__ __forceinline__ void consume_cooperative(const Params& p, Pipeline& p
       thr.partition_A(make_tensor(make_smem_ptr(smem.a), typename C::SmemLayoutA{})));
   Tensor tCrB = thr.make_fragment_B(
       thr.partition_B(make_tensor(make_smem_ptr(smem.b), typename C::SmemLayoutB{})));
-  unsigned char* tile_bytes = reinterpret_cast<unsigned char*>(smem.d);
-  const uint32_t tile_smem = cast_smem_ptr_to_uint(smem.d);
   typename Pipeline::PipelineState rs, fs;  // read and release positions in the ring
   for (int t = blockIdx.x;; t += gridDim.x) {
     const Tile tile = sched.get(t);
     if (!tile.valid) break;
     const int kbs = k_blocks<C>(p, tile);
     if (kbs == 0) {
-      coop_store_zeros<C::kMode, BM, BN>(p, tile, cwg, ct, tile_bytes);
+      C::Epi::template store_coop<C, true>(p, tile, 0, smem, cwg, ct);
       continue;
     }
     Tensor acc = partition_fragment_C(mma, Shape<Int<BM>, Int<BN>>{});
     mma_tile<C>(mma, tCrA, tCrB, acc, pipeline, rs, fs, kbs, [] {});
-    // Only now wait for the previous tile's stores to have read the staging tile: they
-    // drained while this tile's mainloop ran.
-    coop_wait(cwg, ct);
-    coop_stage<typename C::T, BM>(acc, tile_smem, cwg, ct);
-    coop_store<C::kMode, BM, BN>(p, tile, cwg, ct, tile_bytes);
+    C::Epi::template store_coop<C, false>(p, tile, acc, smem, cwg, ct);
   }
   if (ct % 128 == 0) tma_store_wait<0>();  // stores read smem: drain before the CTA exits
 }

@@ -8,6 +8,7 @@
 //                        and can_read asks its clause); kEpi, its Config::epi
 //   fits(mode, s, bn)    the configurations it runs in (Cfg asserts it)
 //   Params               its kernel parameters (KernelParams::epi, config.cuh)
+//   coop_chunks(bn)      the cooperative staging tile's chunk buffers (default: the tile)
 //   Smem, init<C>(smem)  its shared memory (Smem::epi) and their set-up by every thread
 //                        before the CTA's first barrier
 //   kLoadsB, load_b<C>   B's k-block tiles when it reads B its own way (producer.cuh)
@@ -15,6 +16,7 @@
 //                        Params, from its Args block (launch.cuh)
 //   store<C, kZeros>     a ping-pong warpgroup's tile to memory (kernel.cuh; kZeros: a tile
 //                        with no k-blocks, exact zeros)
+//   store_coop<C, kZeros> a cooperative warpgroup's 64 rows of the tile (where fits() allows)
 // Adding one: a value of Epilogue (device/types.h), <name>.h and <name>.cuh here, its block
 // in EpiArgs (args.h), its entries in a kernels/sm90_*_varlen_*.cu file (which includes
 // <name>.cuh), and the filling of its block from the request (epi_args, cuda/host/packed.cc).
@@ -43,6 +45,8 @@ struct EpilogueBase {
   using Args = A;
   static constexpr Epilogue kEpi = A::kEpi;
   static constexpr bool fits(Mode, Schedule, int) { return true; }
+  // The cooperative staging tile's 64-column chunk buffers of BM rows (a tile of bn columns).
+  static constexpr int coop_chunks(int bn) { return bn / 64; }
   struct Params {};
   struct Smem {};
   static constexpr bool kLoadsB = false;
@@ -52,7 +56,7 @@ struct EpilogueBase {
 
 // The fused epilogues' configuration: varlen-M, ping-pong 128 x 128 (a warpgroup's tile is
 // 64 gate and 64 up columns for SwiGLU, B read as two 64-column halves, or 128 columns of p
-// for DGated).
+// for DGated); SwiGLU also runs cooperative 128 x 256 (swiglu.cuh).
 template <class A>
 struct FusedEpilogue : EpilogueBase<A> {
   static constexpr bool fits(Mode mode, Schedule s, int bn) {
@@ -93,7 +97,10 @@ __device__ __forceinline__ unsigned char* chunk_buffers(typename C::Smem& smem, 
   return reinterpret_cast<unsigned char*>(smem.d) + cwg * 2 * (C::BM * 128);
 }
 
-__device__ __forceinline__ float sigmoid(float x) { return __frcp_rn(1.f + __expf(-x)); }
+// The approximate reciprocal (MUFU.RCP; __frcp_rn's IEEE rounding is a dozen instructions
+// more, and cost the cooperative SwiGLU kernel 5-9 %: its epilogue does not overlap a
+// mainloop). 0 for x below about -88 (exp overflows), 1 above about 17.
+__device__ __forceinline__ float sigmoid(float x) { return __fdividef(1.f, 1.f + __expf(-x)); }
 
 // Every fragment pair (mb, jj, v1) of a 64-column chunk.
 template <class F>
@@ -108,12 +115,19 @@ __device__ __forceinline__ void each_pair(F&& f) {
   }
 }
 
+// Rows row0 .. row0 + 63 of the tile (relative to its first row), 64 rows of 128 bytes at
+// `buf`, to `map` (ragged over [m, F]) at column `col`.
+__device__ __forceinline__ void store_rows(const CUtensorMap* map, const Tile& tile,
+                                           const unsigned char* buf, int row0, int col) {
+  const int r = big() - tile.len + (tile.m0 - tile.start) + row0;
+  SM90_TMA_STORE_4D::copy(map, buf, col, r, big(), tile.start + tile.len);
+}
+
 // The tile's 128 rows of one 64-column chunk buffer to `map` (ragged over [m, F]) at `col`.
 __device__ __forceinline__ void store_chunk(const CUtensorMap* map, const Tile& tile,
                                             const unsigned char* buf, int col) {
-  const int r = big() - tile.len + (tile.m0 - tile.start);
-  SM90_TMA_STORE_4D::copy(map, buf, col, r, big(), tile.start + tile.len);
-  SM90_TMA_STORE_4D::copy(map, buf + 64 * 128, col, r + 64, big(), tile.start + tile.len);
+  store_rows(map, tile, buf, 0, col);
+  store_rows(map, tile, buf + 64 * 128, 64, col);
 }
 
 // One stage: `fill(offset_of, slot)` writes the chunk values with st_pair(buffer, mb, jj, v1,

@@ -68,12 +68,11 @@ __device__ __forceinline__ void coop_store(const Params& p, const Tile& tile, in
   }
 }
 
-// A tile with no k-blocks (the zero tail, an empty group, K = 0): exact zeros, apart from
-// the MMA path, so that only wgmma ever defines the accumulators.
-template <Mode kMode, int BM, int BN>
-__device__ __forceinline__ void coop_store_zeros(const Params& p, const Tile& tile, int cwg, int ct,
-                                                 unsigned char* smem_tile) {
-  coop_wait(cwg, ct);
+// A tile with no k-blocks (the zero tail, an empty group, K = 0): exact zeros in the
+// warpgroup's rows of the staging tile, apart from the MMA path, so that only wgmma ever
+// defines the accumulators.
+template <int BM, int BN>
+__device__ __forceinline__ void coop_zero_rows(unsigned char* smem_tile, int cwg, int ct) {
   uint4* z = reinterpret_cast<uint4*>(smem_tile) + 64 * cwg * 8;
   CUTE_UNROLL
   for (int j = 0; j < BN / 64; ++j) {
@@ -81,7 +80,6 @@ __device__ __forceinline__ void coop_store_zeros(const Params& p, const Tile& ti
     for (int i = 0; i < 64 * 8 / 128; ++i)
       z[j * BM * 8 + i * 128 + ct % 128] = make_uint4(0, 0, 0, 0);
   }
-  coop_store<kMode, BM, BN>(p, tile, cwg, ct, smem_tile);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -143,6 +141,23 @@ struct PlainEpi : EpilogueBase<PlainArgs> {
   static std::string tensor_maps(typename C::Params& p, const varlen::Args& x,
                                  CUtensorMapDataType dt) {
     return encode_ragged(&p.tma_d, dt, x.d, x.n, x.ldd, 64, 64, "D [T, N] (ragged)");
+  }
+
+  // Cooperative (both forms): the warpgroup's 64 rows of the tile through the staging tile
+  // (kZeros: a tile with no k-blocks, exact zeros); the previous tile's stores drained
+  // while this tile's mainloop ran.
+  template <class C, bool kZeros, class Acc>
+  __device__ __forceinline__ static void store_coop(const typename C::Params& p, const Tile& tile,
+                                                    const Acc& acc, typename C::Smem& smem, int cwg,
+                                                    int ct) {
+    unsigned char* tile_bytes = reinterpret_cast<unsigned char*>(smem.d);
+    coop_wait(cwg, ct);
+    if constexpr (kZeros) {
+      coop_zero_rows<C::BM, C::BN>(tile_bytes, cwg, ct);
+    } else {
+      coop_stage<typename C::T, C::BM>(acc, cast_smem_ptr_to_uint(smem.d), cwg, ct);
+    }
+    coop_store<C::kMode, C::BM, C::BN>(p, tile, cwg, ct, tile_bytes);
   }
 
   // `chunk` counts the warpgroup's chunks (pp_epilogue).

@@ -1,8 +1,9 @@
 // The SwiGLU epilogue (its Args block and meaning: swiglu.h): the routed expert block's up
 // projection stores the pre-activation pre = [gate | up] and act = silu(gate) * up from the
-// fp32 accumulators. A ping-pong 128 x 128 tile is 64 gate columns and the same 64 up
-// columns of the product: B is read as two halves (tma_b, tma_b2). Device code (nvcc only),
-// and its maps.
+// fp32 accumulators. A tile of BN columns is BN / 2 gate columns and the same BN / 2 up
+// columns of the product: B is read as two halves (tma_b, tma_b2). Two configurations:
+// ping-pong 128 x 128 (store) and cooperative 128 x 256 (store_coop: half the A bytes per
+// FLOP, what a gathered A needs). Device code (nvcc only), and its maps.
 #pragma once
 #include "kernels/varlen/epilogue/common.cuh"
 #include "kernels/varlen/epilogue/swiglu.h"
@@ -10,6 +11,11 @@
 namespace gmm::varlen {
 
 struct SwigluEpi : FusedEpilogue<SwigluArgs> {
+  static constexpr bool fits(Mode mode, Schedule s, int bn) {
+    return FusedEpilogue<SwigluArgs>::fits(mode, s, bn) ||
+           (mode == Mode::M && s == Schedule::Cooperative && bn == 256);
+  }
+
   // With tma_b B's gate half and tma_d, tma_d2 the two halves of pre (F columns each).
   struct Params {
     CUtensorMap tma_b2;   // B's up half
@@ -47,24 +53,84 @@ struct SwigluEpi : FusedEpilogue<SwigluArgs> {
     return err;
   }
 
-  // k-block kb's B tile: the tile's 64 gate columns, then the same 64 columns of the up
-  // half; both 64 x BK boxes land where a 128-column tile's two halves would (either major).
+  // k-block kb's B tile: the tile's BN / 2 gate columns, then the same columns of the up
+  // half, in 64 x BK boxes that land where a BN-column tile's would (either major).
   template <class C>
   __device__ __forceinline__ static void load_b(const typename C::Params& p, const Tile& tile,
                                                 int kb, uint64_t* bar, typename C::T* sb) {
     const uint64_t hint = static_cast<uint64_t>(TMA::CacheHintSm90::EVICT_NORMAL);
+    constexpr int kBoxes = C::BN / 128;  // per half
     const int j0 = tile.n0 / 2;
-    if constexpr (C::kBKMajor) {
-      SM90_TMA_LOAD_3D::copy(&p.tma_b, bar, hint, sb, kb * C::BK, j0, tile.group);
-      SM90_TMA_LOAD_3D::copy(&p.epi.tma_b2, bar, hint, sb + 64 * C::BK, kb * C::BK, j0, tile.group);
-    } else {
-      SM90_TMA_LOAD_3D::copy(&p.tma_b, bar, hint, sb, j0, kb * C::BK, tile.group);
-      SM90_TMA_LOAD_3D::copy(&p.epi.tma_b2, bar, hint, sb + 64 * C::BK, j0, kb * C::BK, tile.group);
+    CUTE_UNROLL
+    for (int h = 0; h < kBoxes; ++h) {
+      typename C::T* gate = sb + h * 64 * C::BK;
+      typename C::T* up = sb + (kBoxes + h) * 64 * C::BK;
+      if constexpr (C::kBKMajor) {
+        SM90_TMA_LOAD_3D::copy(&p.tma_b, bar, hint, gate, kb * C::BK, j0 + 64 * h, tile.group);
+        SM90_TMA_LOAD_3D::copy(&p.epi.tma_b2, bar, hint, up, kb * C::BK, j0 + 64 * h, tile.group);
+      } else {
+        SM90_TMA_LOAD_3D::copy(&p.tma_b, bar, hint, gate, j0 + 64 * h, kb * C::BK, tile.group);
+        SM90_TMA_LOAD_3D::copy(&p.epi.tma_b2, bar, hint, up, j0 + 64 * h, kb * C::BK, tile.group);
+      }
     }
   }
 
-  // The tile's columns go to column j0 = n0 / 2 of each half. Stage 1 stores both halves of
-  // the pre-activation, stage 2 act = silu(gate) * up from the fp32 values.
+  // Cooperative 128 x 256: a staging tile of two 64-column chunk buffers (the ring keeps a
+  // fourth stage: Cfg), used in turn by the tile's six output chunks, pre's two gate and two
+  // up chunks, then act's two. Warpgroup cwg holds rows 64 cwg .. + 63 of 128 gate columns
+  // (fragment element i = 4 j + 2 v1 + v0, column 8 j + 2 (lane % 4) + v0) and of the same
+  // 128 up columns (element i + 64), and writes its rows of each chunk once the store of
+  // two chunks before has read the buffer.
+  static constexpr int coop_chunks(int) { return 2; }
+
+  template <class C, bool kZeros, class Acc>
+  __device__ __forceinline__ static void store_coop(const typename C::Params& p, const Tile& tile,
+                                                    const Acc& acc, typename C::Smem& smem, int cwg,
+                                                    int ct) {
+    using T = typename C::T;
+    static_assert(C::BN == 256 && !C::kPingPong, "store_coop: cooperative 128 x 256");
+    constexpr int kChunk = C::BM * 128;  // bytes of a chunk buffer (BM rows of 128 bytes)
+    unsigned char* bufs = reinterpret_cast<unsigned char*>(smem.d);
+    const int lane = ct % 32, wq = (ct % 128) / 32, sw = lane / 4;
+    uint32_t base =
+        cast_smem_ptr_to_uint(smem.d) + uint32_t((64 * cwg + wq * 16 + sw) * 128 + (lane % 4) * 4);
+    asm volatile("" : "+r"(base));
+    const int j0 = tile.n0 / 2;
+    CUTE_UNROLL
+    for (int c = 0; c < 6; ++c) {
+      const uint32_t buf = uint32_t((c % 2) * kChunk);
+      if (ct % 128 == 0) tma_store_wait<1>();  // the store of two chunks ago has read it
+      cutlass::arch::NamedBarrier::sync(128, kEpilogueBar + cwg);
+      CUTE_UNROLL
+      for (int jj = 0; jj < 8; ++jj) {
+        CUTE_UNROLL
+        for (int v1 = 0; v1 < 2; ++v1) {
+          uint32_t v = 0u;
+          if constexpr (!kZeros) {
+            const int i = 4 * (8 * (c % 4) + jj) + 2 * v1;  // pre; act: gate i, up i + 64
+            if (c < 4) {
+              v = pack<T>(acc(i), acc(i + 1));
+            } else {
+              v = pack<T>(acc(i) * sigmoid(acc(i)) * acc(i + 64),
+                          acc(i + 1) * sigmoid(acc(i + 1)) * acc(i + 65));
+            }
+          }
+          const uint32_t off = buf + uint32_t(8 * v1 * 128) + uint32_t((jj ^ sw) << 4);
+          asm volatile("st.shared.b32 [%0], %1;" ::"r"(base + off), "r"(v) : "memory");
+        }
+      }
+      cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> the TMA unit
+      cutlass::arch::NamedBarrier::sync(128, kEpilogueBar + cwg);
+      if (ct % 128 == 0) {
+        const CUtensorMap* map = c < 2 ? &p.tma_d : c < 4 ? &p.epi.tma_d2 : &p.epi.tma_act;
+        store_rows(map, tile, bufs + buf + 64 * cwg * 128, 64 * cwg, j0 + 64 * (c % 2));
+        tma_store_arrive();
+      }
+    }
+  }
+
+  // Ping-pong 128 x 128: the tile's columns go to column j0 = n0 / 2 of each half. Stage 1 stores
+  // both halves of the pre-activation, stage 2 act = silu(gate) * up from the fp32 values.
   template <class C, bool kZeros, class Acc>
   __device__ __forceinline__ static void store(const typename C::Params& p, const Tile& tile,
                                                const Acc& acc, typename C::Smem& smem, int cwg,
