@@ -130,10 +130,11 @@ def gathered(dev) -> int:
     """The gathered products: ``_native.gather_mm`` (groups around the 128-row tile, rows
     past the last group, both weight majors), the weight gradients on gathered rows
     (``_native.gather_k_mm``: either operand gathered, both output layouts, token counts
-    around the 64-token k-block) and the dgated product reading ``dy`` through ``src``,
-    with repeated and out-of-range indices (reported through the deferred flag); the
-    gathering varlen kernels by default, the row gather then the TMA kernels under
-    GROUPMM_SM90_GATHER=0 (sanitize.sh's "gather-first" path)."""
+    around the 64-token k-block), the dgated product reading ``dy`` through ``src``, with
+    repeated and out-of-range indices (reported through the deferred flag), and the SwiGLU
+    up projection on gathered and packed rows; the gathering varlen kernels by default, the
+    row gather then the TMA kernels under GROUPMM_SM90_GATHER=0 (sanitize.sh's
+    "gather-first" path)."""
     n = 0
     for dtype in (torch.bfloat16, torch.float16):
         sizes = [0, 1, 127, 128, 129, 0, 200]
@@ -160,6 +161,16 @@ def gathered(dev) -> int:
         scale = torch.rand(R, device=dev)
         _flagged(groupmm._native.dgated_mm, y, w_out, offs, pre, scale, src=index)
         n += 1
+        # the SwiGLU up projection, gathered and packed, both weight majors: F = 200 crosses
+        # the 128 x 256 tile's 128 gate columns and ends inside a 64-column chunk
+        F2 = 200
+        for w in (
+            torch.randn(len(sizes), K, 2 * F2, device=dev, dtype=dtype),
+            torch.randn(len(sizes), 2 * F2, K, device=dev, dtype=dtype).transpose(1, 2),
+        ):
+            _flagged(groupmm._native.swiglu_mm, x, w, offs, index)
+            groupmm._native.swiglu_mm(rows_k, w, offs, None)
+            n += 2
     return n
 
 
