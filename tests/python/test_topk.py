@@ -2,7 +2,8 @@
 on CUDA) against ``torch.topk`` on rows of distinct values and against an independent
 reference of the contract's order elsewhere (ties to the lower column, NaN above every
 number): every dtype, widths around the CUDA kernel's values-per-lane steps, empty and
-strided inputs, numpy, errors, the custom op (opcheck, torch.compile) and CUDA graphs."""
+strided inputs, numpy, errors, the custom op (opcheck, torch.compile), CUDA graphs, and
+``TopKRouter`` unchanged against the ``probs.topk`` it replaced."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 import torch
 from conftest import DEVICES, F64, HAS_CUDA
 from groupmm import _native, _rows
+from groupmm.moe import TopKRouter, load_balancing_loss
 
 WIDTHS = [1, 7, 32, 33, 128, 200, 256, 1024]
 TOKENS = [0, 1, 5, 1000]
@@ -350,3 +352,138 @@ def test_cuda_current_stream_graph_capture_and_no_sync():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(captured, torch.topk(fresh, 8).indices)
+
+
+# --------------------------------------------------------------------------- router
+
+
+def _old_router(r, x):
+    """TopKRouter.forward as it was, with ``probs.topk``: the reference the router's
+    outputs and gradients must still equal."""
+    logits = r.gate(x)
+    probs = logits.to(torch.promote_types(logits.dtype, torch.float32)).softmax(dim=-1)
+    top_p, ids = probs.topk(r.top_k, dim=-1)
+    if r.normalize:
+        top_p = top_p / top_p.sum(dim=-1, keepdim=True)
+    if r.aux_loss_coef > 0:
+        aux = r.aux_loss_coef * load_balancing_loss(probs, ids)
+    else:
+        aux = probs.new_zeros(())
+    return top_p.to(x.dtype), ids, probs, aux
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize(("experts", "top_k"), [(4, 1), (8, 2), (64, 8), (128, 8), (6, 6)])
+@pytest.mark.parametrize("normalize", [None, False])
+def test_router_unchanged(device, dtype, experts, top_k, normalize):
+    """Weights, ids, probs, aux loss and the gradients to the gate weight and to x are those
+    of the ``probs.topk`` path the router used before, bit for bit, wherever that path's
+    answer is unique: rows whose k + 1 best probabilities tie (bfloat16 logits do) have
+    ``torch.topk``'s unspecified order there, and the native op's lower id first; their
+    weights still agree, and the rest is compared where no row ties."""
+    torch.manual_seed(experts * 10 + top_k)
+    r = TopKRouter(
+        32, experts, top_k, normalize=normalize, aux_loss_coef=0.1, device=device, dtype=dtype
+    )
+    x = torch.randn(257, 32, device=device, dtype=dtype, requires_grad=True)
+    got = r(x)
+    go = torch.randn_like(got.weights)
+    (got.weights * go).sum().add(got.aux_loss).backward()
+    g_gate, g_x = r.gate.weight.grad.clone(), x.grad.clone()
+    r.zero_grad()
+    x.grad = None
+    weights, ids, probs, aux = _old_router(r, x)
+    (weights * go).sum().add(aux).backward()
+    assert got.expert_ids.dtype == torch.int64
+    assert torch.equal(got.weights, weights)
+    assert torch.equal(got.probs, probs)
+    best = probs.detach().sort(dim=-1, descending=True).values[:, : min(top_k + 1, experts)]
+    tie_free = (best[:, 1:] != best[:, :-1]).all(-1)
+    if dtype != torch.bfloat16:
+        assert tie_free.all(), "float32 and float64 probabilities should not tie here"
+    assert tie_free.float().mean() > 0.5
+    assert torch.equal(got.expert_ids[tie_free], ids[tie_free])
+    if tie_free.all():
+        assert torch.equal(got.expert_ids, ids)
+        assert torch.equal(got.aux_loss, aux)
+        assert torch.equal(g_gate, r.gate.weight.grad)
+        assert torch.equal(g_x, x.grad)
+
+
+def test_router_uses_the_native_op_where_it_applies(monkeypatch):
+    calls = []
+    native = _native.topk_ids
+
+    def spy(scores, k):
+        calls.append(tuple(scores.shape))
+        return native(scores, k)
+
+    monkeypatch.setattr(_native, "topk_ids", spy)
+    r = TopKRouter(8, 16, 4)
+    r(torch.randn(5, 8))
+    assert calls == [(5, 16)]
+    # meta tensors: torch.topk (the fallback), not the native op
+    meta = TopKRouter(8, 16, 4, device="meta")
+    out = meta(torch.randn(5, 8, device="meta"))
+    assert out.expert_ids.shape == (5, 4) and out.expert_ids.device.type == "meta"
+    assert calls == [(5, 16)]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU and a CUDA build of groupmm")
+def test_router_wider_than_the_cuda_bound_falls_back():
+    torch.manual_seed(3)
+    e = _rows.TOPK_CUDA_MAX_COLS + 1
+    r = TopKRouter(16, e, 4, device="cuda")
+    x = torch.randn(64, 16, device="cuda")
+    out = r(x)
+    assert torch.equal(out.expert_ids, _old_router(r, x)[1])
+
+
+def test_router_compiles_fullgraph():
+    """The router inside torch.compile(fullgraph=True): ids and gradients as in eager."""
+    torch.manual_seed(13)
+    torch._dynamo.reset()
+    r = TopKRouter(16, 32, 4, aux_loss_coef=0.1)
+    x = torch.randn(40, 16)
+
+    def f(x):
+        out = r(x)
+        return out.expert_ids, out.weights.square().sum() + out.aux_loss
+
+    ids, loss = torch.compile(f, fullgraph=True, backend="aot_eager")(x)
+    (g,) = torch.autograd.grad(loss, r.gate.weight)
+    ids_e, loss_e = f(x)
+    (g_e,) = torch.autograd.grad(loss_e, r.gate.weight)
+    assert torch.equal(ids, ids_e)
+    torch.testing.assert_close(loss, loss_e)
+    torch.testing.assert_close(g, g_e)
+
+
+def test_router_weights_twice_differentiable_without_scatter_add():
+    """The chosen probabilities' backward scatters (no scatter_add: atomic on GPU), and is
+    itself differentiable: gradcheck and gradgradcheck through x and the gate weight."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    torch.manual_seed(14)
+    r = TopKRouter(6, 10, 3, aux_loss_coef=0.0, dtype=F64)
+    x = torch.randn(7, 6, dtype=F64, requires_grad=True)
+    w = r.gate.weight
+
+    def weights(x, w):
+        return torch.func.functional_call(r, {"gate.weight": w}, (x,)).weights
+
+    seen: list = []
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Ops():
+        weights(x, w).square().sum().backward()
+    assert "aten.scatter.src" in seen
+    assert not [op for op in seen if "scatter_add" in op or "index_put" in op]
+    assert torch.autograd.gradcheck(weights, (x, w))
+    assert torch.autograd.gradgradcheck(weights, (x, w))
