@@ -1,7 +1,7 @@
 // The launchers of the row kernels of the MoE glue (what each op computes: rows.h; the
 // kernels: rows_kernels.cuh). The gathering kernels run over a grid of the blocks resident
 // at once; the elementwise ones (SwiGLU and its gradient) and RowDots over at most eight
-// blocks per SM.
+// blocks per SM; TopK over one warp per row (kThreads / 32 rows a block).
 #include "device/rows.h"
 #include "device/rows_kernels.cuh"
 
@@ -112,6 +112,37 @@ void launch_typed(const RowsArgs& a) {
       row_dots<T, W, V><<<blocks_for(a.tokens * a.top_k * 32, a.sm_count), kThreads, 0, a.stream>>>(
           x, y, a.inverse, static_cast<W*>(a.out), a.tokens, a.top_k, a.rows, a.cols, a.err_flag);
       break;
+    case RowsOp::TopK: break;  // launch_topk: no vectors, no weights
+  }
+}
+
+// TopK with N values a lane: one warp per row, a grid of one block per kThreads / 32 rows
+// (a grid-stride loop past 2^30 blocks).
+template <class T, int N>
+void launch_topk_n(const RowsArgs& a) {
+  constexpr int64_t kRowsPerBlock = kThreads / 32;
+  const int64_t want = (a.tokens + kRowsPerBlock - 1) / kRowsPerBlock;
+  const unsigned grid = unsigned(std::min<int64_t>(want, int64_t(1) << 30));
+  topk_ids<T, N><<<grid, kThreads, 0, a.stream>>>(static_cast<const T*>(a.x),
+                                                  static_cast<int64_t*>(a.out), a.tokens,
+                                                  int(a.cols), int(a.top_k));
+}
+
+// The fewest values a lane that hold the row: 32 N >= cols (cols <= kTopKMaxCols).
+template <class T>
+void launch_topk(const RowsArgs& a) {
+  if (a.cols <= 32) {
+    launch_topk_n<T, 1>(a);
+  } else if (a.cols <= 64) {
+    launch_topk_n<T, 2>(a);
+  } else if (a.cols <= 128) {
+    launch_topk_n<T, 4>(a);
+  } else if (a.cols <= 256) {
+    launch_topk_n<T, 8>(a);
+  } else if (a.cols <= 512) {
+    launch_topk_n<T, 16>(a);
+  } else {
+    launch_topk_n<T, 32>(a);
   }
 }
 
@@ -153,12 +184,30 @@ std::string launch_rows(const RowsArgs& a) {
     case RowsOp::RowDots:
       if (a.tokens == 0 || a.top_k == 0) return "";
       break;
+    case RowsOp::TopK:
+      // The Rust rules hold these (src/shape/rows.rs: plan_topk, check_topk_cuda).
+      if (a.cols < 1 || a.cols > kTopKMaxCols || a.top_k < 1 || a.top_k > a.cols) {
+        return "groupmm top-k launch: internal: expected 1 <= k <= E <= " +
+               std::to_string(kTopKMaxCols) + ", found k = " + std::to_string(a.top_k) +
+               ", E = " + std::to_string(a.cols);
+      }
+      if (a.tokens == 0) return "";
+      break;
   }
-  switch (a.dtype) {
-    case DType::F16: launch_elem<__half>(a); break;
-    case DType::BF16: launch_elem<__nv_bfloat16>(a); break;
-    case DType::F32: launch_elem<float>(a); break;
-    case DType::F64: launch_elem<double>(a); break;
+  if (a.op == RowsOp::TopK) {
+    switch (a.dtype) {
+      case DType::F16: launch_topk<__half>(a); break;
+      case DType::BF16: launch_topk<__nv_bfloat16>(a); break;
+      case DType::F32: launch_topk<float>(a); break;
+      case DType::F64: launch_topk<double>(a); break;
+    }
+  } else {
+    switch (a.dtype) {
+      case DType::F16: launch_elem<__half>(a); break;
+      case DType::BF16: launch_elem<__nv_bfloat16>(a); break;
+      case DType::F32: launch_elem<float>(a); break;
+      case DType::F64: launch_elem<double>(a); break;
+    }
   }
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) {

@@ -15,6 +15,10 @@
 //                   `scratch` (int32 [R], zeroed by the caller) as assignment + 1
 //   RowDots         out[t, j]  = <x[t, :], y[inverse[t, j], :]>       x [T, D], y [R, D],
 //                                                                     out [T, k] (w's dtype)
+//   TopK            out[t, j]  = the column of the j-th best of the k largest values of x[t]
+//                   (int64; a greater value first, NaN greater than every number, equal
+//                   values lower column first: src/shape/rows.rs, topk_before)
+//                                  x [T, E] (E = cols <= kTopKMaxCols), out [T, k] (k = top_k)
 //
 // An index outside [0, R) contributes nothing (GatherSum, RowDots: zero) and writes
 // nothing (ScatterRows): never an access out of bounds; it sets the deferred error flag
@@ -38,12 +42,17 @@ enum class RowsOp : uint8_t {
   SwigluBackward = 1,
   GatherSum = 2,
   ScatterRows = 3,
-  RowDots = 4
+  RowDots = 4,
+  TopK = 5
 };
+
+// TopK's widest rows: one warp holds a row, at most 32 values a lane. The Rust rule
+// (src/shape/rows.rs, TOPK_CUDA_MAX_COLS) refuses wider rows before the launch.
+constexpr int64_t kTopKMaxCols = 32 * 32;
 
 struct RowsArgs {
   RowsOp op = RowsOp::Swiglu;
-  DType dtype = DType::BF16;   // of x, y and (but RowDots) out
+  DType dtype = DType::BF16;   // of x, y and (but RowDots; TopK's is int64) out
   DType w_dtype = DType::F32;  // of weights (and RowDots' out): dtype or F32
   int64_t tokens = 0, top_k = 0, rows = 0, cols = 0;
   const void* x = nullptr;

@@ -4,13 +4,15 @@
 // (fp64 for float64), one rounding per output element. The gathering kernels (GatherSum,
 // ScatterRows) issue all of a thread's index loads, then all of its row loads, before the
 // first use (kLoads below); the elementwise ones (SwiGLU and its gradient) and RowDots
-// grid-stride. Device code (nvcc only).
+// grid-stride. TopK (the router's top-k ids) holds one row in one warp's registers and
+// compares values exactly. Device code (nvcc only).
 #pragma once
 #include "device/rows.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <climits>
 #include <type_traits>
 
 namespace gmm::rows_kernels {
@@ -300,6 +302,95 @@ __global__ void row_dots(const T* x, const T* y, const int32_t* inverse, W* out,
 #pragma unroll
     for (int d = 16; d > 0; d /= 2) s += __shfl_xor_sync(0xffffffffu, s, d);
     if (lane == 0) out[wi] = from_acc<W>(Acc<W>(s));
+  }
+}
+
+// TopK: one warp per row (a grid-stride loop over the rows). Lane l holds the row's columns
+// l, l + 32, ..., l + 32 (N - 1) in registers (N a power of two, 32 N >= cols; each of the N
+// loads of a warp one coalesced run), converted exactly to Acc<T>. k rounds, each: every lane
+// offers the best of its columns not yet taken (kept from the round before; a bit mask marks
+// the taken slots and the ones past the row, since -inf is a real score and no value is
+// overwritten), a warp arg-max by xor shuffles in topk_before's order (strict and total on
+// distinct columns, so every lane ends with the same winner), and the winner's lane marks it
+// taken and finds its next best. Round r's column is kept by lane r % 32, and each group of
+// 32 rounds is written by one coalesced store of int64 ids.
+
+// A lane with no column left to offer (never the winner while k <= cols).
+constexpr int kNoColumn = INT_MAX;
+
+// Whether value a at column ia ranks before value b at column ib (ia != ib): the greater
+// value, NaN greater than every number, equal values (NaNs among themselves, -0.0 == 0.0)
+// the lower column first. The order of src/shape/rows.rs, topk_before.
+template <class A>
+__device__ __forceinline__ bool topk_before(A a, int ia, A b, int ib) {
+  const bool na = isnan(a), nb = isnan(b);
+  if (na || nb) return na && (!nb || ia < ib);
+  return a > b || (a == b && ia < ib);
+}
+
+// The best of this lane's columns not taken: (value, column), or column kNoColumn. Slots in
+// increasing column order, so a tie keeps the first.
+template <class A, int N>
+__device__ __forceinline__ void topk_lane_best(const A (&v)[N], uint32_t taken, int lane, A& bv,
+                                               int& bc) {
+  bv = A(0);
+  bc = kNoColumn;
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    const int c = lane + 32 * j;
+    if (!((taken >> j) & 1u) && (bc == kNoColumn || topk_before(v[j], c, bv, bc))) {
+      bv = v[j];
+      bc = c;
+    }
+  }
+}
+
+template <class T, int N>
+__global__ void __launch_bounds__(256) topk_ids(const T* __restrict__ x, int64_t* __restrict__ out,
+                                                int64_t tokens, int cols, int top_k) {
+  static_assert(N >= 1 && N <= 32, "TopK: at most 32 values a lane (kTopKMaxCols)");
+  using A = Acc<T>;
+  const int lane = threadIdx.x % 32;
+  for (int64_t t = first() / 32; t < tokens; t += step() / 32) {
+    const T* row = x + t * cols;
+    A v[N];
+    uint32_t taken = 0;
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      const int c = lane + 32 * j;
+      if (c < cols) {
+        v[j] = to_acc(row[c]);
+      } else {
+        v[j] = A(0);
+        taken |= 1u << j;  // past the row: never offered
+      }
+    }
+    A bv;
+    int bc;
+    topk_lane_best(v, taken, lane, bv, bc);
+    int64_t* o = out + t * top_k;
+    int64_t mine = 0;
+    for (int r = 0; r < top_k; ++r) {
+      A wv = bv;
+      int wc = bc;
+#pragma unroll
+      for (int d = 16; d > 0; d /= 2) {
+        const A ov = __shfl_xor_sync(0xffffffffu, wv, d);
+        const int oc = __shfl_xor_sync(0xffffffffu, wc, d);
+        if (oc != kNoColumn && (wc == kNoColumn || topk_before(ov, oc, wv, wc))) {
+          wv = ov;
+          wc = oc;
+        }
+      }
+      if (lane == r % 32) mine = wc == kNoColumn ? int64_t(-1) : int64_t(wc);
+      if (r % 32 == 31 || r + 1 == top_k) {
+        if (lane <= r % 32) o[r - r % 32 + lane] = mine;
+      }
+      if (wc != kNoColumn && wc % 32 == lane) {  // the winner's lane: take it, offer the next
+        taken |= 1u << (wc / 32);
+        topk_lane_best(v, taken, lane, bv, bc);
+      }
+    }
   }
 }
 

@@ -13,6 +13,7 @@ import numpy.typing as npt
 import torch
 
 __all__ = [
+    "TOPK_CUDA_MAX_COLS",
     "__version__",
     "build_info",
     "dgated_mm",
@@ -33,8 +34,11 @@ __all__ = [
     "swiglu_backward",
     "swiglu_mm",
     "take_offs_error",
+    "topk_ids",
 ]
 __version__: str
+#: the widest rows :func:`topk_ids` takes on CUDA (src/shape/rows.rs)
+TOPK_CUDA_MAX_COLS: int
 
 _Array = npt.NDArray[Any]
 #: the row ops take torch tensors or numpy arrays (not mixed) and return the same kind
@@ -274,6 +278,13 @@ def scatter_rows(grad: _Rows, inverse: _Rows, weights: Optional[_Rows], rows: in
 def row_dots(grad: _Rows, y: _Rows, inverse: _Rows, out_dtype: Optional[Any] = None) -> _Rows:
     """``out[t, j] = <grad[t], y[inverse[t, j]]>`` (``[T, k]``) as ``out_dtype``:
     ``grad``'s dtype (None) or float32."""
+
+def topk_ids(scores: _Rows, k: int) -> _Rows:
+    """int64 ``[T, k]``: row ``t`` holds the columns of the ``k`` largest values of
+    ``scores[t]`` (``[T, E]``, ``E >= 1``), best first: NaN greater than every number,
+    equal values lower column first. ValueError for ``k`` outside ``[1, E]`` or a shape
+    that does not fit (on CUDA, ``E`` above :data:`TOPK_CUDA_MAX_COLS`), TypeError for a
+    dtype that is not floating."""
 
 def gathers_in_gemm(device: int, dtype: str) -> bool:
     """Whether products of ``dtype`` (its torch name, e.g. ``"torch.bfloat16"``) on CUDA

@@ -5,12 +5,13 @@ load-balancing loss it adds (:func:`load_balancing_loss`).
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 
 from . import _checks as check
+from ._rows import topk_ids, topk_ids_applies
 
 
 class RouterOutput(NamedTuple):
@@ -46,6 +47,35 @@ def load_balancing_loss(probs: torch.Tensor, expert_ids: torch.Tensor) -> torch.
     return num_experts * (frac * mean_prob).sum()
 
 
+def top_k_ids(probs: torch.Tensor, k: int) -> torch.Tensor:
+    """``[T, k]`` int64 ids of each row's ``k`` largest router probabilities, best first:
+    ``_rows.topk_ids`` where it applies (``_rows.topk_ids_applies``: CPU, or CUDA with at
+    most ``_rows.TOPK_CUDA_MAX_COLS`` experts), else ``torch.topk``'s indices (the same on
+    rows without ties; the native op breaks ties to the lower id). Ids carry no gradient:
+    the op reads ``probs`` detached."""
+    if topk_ids_applies(probs):
+        return topk_ids(probs.detach(), k)
+    return probs.topk(k, dim=-1).indices
+
+
+class TakeChosen(torch.autograd.Function):
+    """``probs.gather(-1, ids)``: the probabilities of the chosen experts. Backward:
+    ``grad`` scattered into zeros at ``ids`` (ids distinct in each row), what
+    ``torch.topk``'s values had, instead of ``gather``'s ``scatter_add`` (atomic adds on
+    GPU). Twice differentiable: the backward is built from differentiable ops."""
+
+    @staticmethod
+    def forward(ctx: Any, probs, ids):
+        ctx.save_for_backward(ids)
+        ctx.shape = probs.shape
+        return probs.gather(-1, ids)
+
+    @staticmethod
+    def backward(ctx: Any, grad):
+        (ids,) = ctx.saved_tensors
+        return grad.new_zeros(ctx.shape).scatter(-1, ids, grad), None
+
+
 class TopKRouter(nn.Module):
     """Linear gate, softmax over experts, top-k selection.
 
@@ -61,7 +91,11 @@ class TopKRouter(nn.Module):
         device, dtype: factory arguments for the gate weight.
 
     The softmax runs in at least float32 even for 16-bit inputs; the returned weights
-    are cast back to the input's dtype.
+    are cast back to the input's dtype. The top-k ids come from groupmm's own row op
+    (``_rows.topk_ids``: one warp per row on CUDA, rows up to
+    ``_rows.TOPK_CUDA_MAX_COLS`` experts) and ``torch.topk`` elsewhere; the weights are
+    gathered from ``probs`` at those ids (:class:`TakeChosen`), so their gradient reaches
+    the gate as ``torch.topk``'s values' did.
     """
 
     def __init__(
@@ -94,7 +128,8 @@ class TopKRouter(nn.Module):
         logits = self.gate(x)
         compute_dtype = torch.promote_types(logits.dtype, torch.float32)
         probs = logits.to(compute_dtype).softmax(dim=-1)
-        top_p, expert_ids = probs.topk(self.top_k, dim=-1)
+        expert_ids = top_k_ids(probs, self.top_k)
+        top_p = TakeChosen.apply(probs, expert_ids)
         if self.normalize:
             top_p = top_p / top_p.sum(dim=-1, keepdim=True)
         if self.aux_loss_coef > 0:

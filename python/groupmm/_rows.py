@@ -13,9 +13,14 @@ run them with autograd off. :func:`differentiable` tells those formulas when the
 use differentiable torch ops instead (a graph is being recorded, e.g. double backward).
 Eager calls on plain tensors go to the extension directly (no dispatcher round trip), as
 ``_library`` does for the GEMMs.
+
+:func:`topk_ids` is the router's row op: the int64 ids of each row's ``k`` largest scores
+(``torch.topk``'s indices, with ties and NaNs ordered by rule), one warp per row on CUDA;
+:func:`topk_ids_applies` says where the router may call it (else ``torch.topk``).
 """
 
 # NB: no ``from __future__ import annotations``: torch.library reads the annotations.
+import functools
 from typing import Optional
 
 import torch
@@ -31,7 +36,15 @@ __all__ = [
     "scatter_rows",
     "swiglu",
     "swiglu_backward",
+    "topk_ids",
+    "topk_ids_applies",
 ]
+
+#: the widest rows :func:`topk_ids` takes on CUDA (one warp holds a row: 32 values a
+#: lane); the bound is the Rust rule's (``shape::TOPK_CUDA_MAX_COLS``), read from there
+TOPK_CUDA_MAX_COLS: int = _native.TOPK_CUDA_MAX_COLS
+#: the dtypes :func:`topk_ids` reads (on either device)
+TOPK_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
 
 def differentiable(*tensors) -> bool:
@@ -101,8 +114,40 @@ def _row_dots_fake(grad, y, inverse, dtype):
     return grad.new_empty(inverse.shape, dtype=dtype)
 
 
+def _topk_ids(scores: Tensor, k: int) -> Tensor:
+    """int64 ``[T, k]``: row ``t`` holds the columns of the ``k`` largest values of
+    ``scores[t]`` (``[T, E]``, any float dtype, any strides), best first: a greater value
+    first, NaN greater than every number (as ``torch.topk`` ranks it), equal values (NaNs
+    among themselves, ``-0.0 == 0.0``) lower column first. On rows of distinct numbers,
+    ``torch.topk(scores, k).indices``. ``1 <= k <= E``; on CUDA ``E <=``
+    :data:`TOPK_CUDA_MAX_COLS`. Not differentiable (ids)."""
+    return _native.topk_ids(scores, k)
+
+
+def _topk_ids_fake(scores, k):
+    return scores.new_empty(scores.shape[0], k, dtype=torch.int64)
+
+
+@functools.cache
+def _cuda_build() -> bool:
+    return bool(_native.build_info()["cuda"])
+
+
+def topk_ids_applies(scores: Tensor) -> bool:
+    """Whether :func:`topk_ids` takes ``scores``: a 2-D tensor of a float dtype on the CPU,
+    or on CUDA in a build with CUDA and rows of at most :data:`TOPK_CUDA_MAX_COLS`. Where
+    it does not, the router uses ``torch.topk`` (the same ids on rows without ties)."""
+    if scores.dim() != 2 or scores.dtype not in TOPK_DTYPES:
+        return False
+    kind = scores.device.type
+    if kind == "cpu":
+        return True
+    return kind == "cuda" and _cuda_build() and scores.shape[1] <= TOPK_CUDA_MAX_COLS
+
+
 swiglu = op("swiglu", _swiglu, _swiglu_fake)
 swiglu_backward = op("swiglu_backward", _swiglu_backward, _swiglu_backward_fake)
 gather_sum = op("gather_sum", _gather_sum, _gather_sum_fake)
 scatter_rows = op("scatter_rows", _scatter_rows, _scatter_rows_fake)
 row_dots = op("row_dots", _row_dots, _row_dots_fake)
+topk_ids = op("topk_ids", _topk_ids, _topk_ids_fake)

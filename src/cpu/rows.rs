@@ -2,15 +2,16 @@
 //! the CUDA kernels are `cuda/device/rows.cu`): one parallel pass over the output rows
 //! with rayon, arithmetic in f64 and one rounding per output element, a fixed summation
 //! order (deterministic), and an index outside `[0, R)` read and written nowhere (the
-//! engine rejects one before the loops run: `shape::check_indices`).
+//! engine rejects one before the loops run: `shape::check_indices`). TopK selects each
+//! row's `k` best columns in `shape::topk_before`'s order, comparing the values exactly.
 
 use crate::dtype::{DType, Element};
-use crate::shape::{RowPtrs, RowsDims, RowsOp};
+use crate::shape::{topk_before, RowPtrs, RowsDims, RowsOp};
 use half::{bf16, f16};
 use rayon::prelude::*;
 
 /// Runs a validated row op: operands of `dtype`, weights (and RowDots' output) of
-/// `w_dtype` (`dtype` or float32).
+/// `w_dtype` (`dtype` or float32); TopK's output is int64.
 ///
 /// # Safety
 /// `p` holds live contiguous arrays of the extents `d` and the dtypes given (host
@@ -66,7 +67,7 @@ unsafe fn rows_typed<T: Element, W: Element>(d: &RowsDims, p: RowPtrs) {
         RowsOp::SwigluBackward => rows * 2 * cols,
         RowsOp::GatherSum => tokens * cols,
         RowsOp::ScatterRows => rows * cols,
-        RowsOp::RowDots => 0,
+        RowsOp::RowDots | RowsOp::TopK => 0,
     };
     if op == RowsOp::RowDots {
         if tokens * top_k == 0 {
@@ -81,6 +82,17 @@ unsafe fn rows_typed<T: Element, W: Element>(d: &RowsDims, p: RowPtrs) {
             });
             *o = W::from_f64(s);
         });
+        return;
+    }
+    if op == RowsOp::TopK {
+        if tokens * top_k == 0 {
+            return;
+        }
+        let out = unsafe { std::slice::from_raw_parts_mut(p.out as *mut i64, tokens * top_k) };
+        let scores = slice(p.x, tokens * cols);
+        out.par_chunks_mut(top_k)
+            .zip(scores.par_chunks(cols))
+            .for_each_init(Vec::new, |order, (o, row)| top_k_row(row, order, o));
         return;
     }
     if out_len == 0 {
@@ -149,6 +161,138 @@ unsafe fn rows_typed<T: Element, W: Element>(d: &RowsDims, p: RowPtrs) {
                 }
             });
         }
-        RowsOp::RowDots => {}
+        RowsOp::RowDots | RowsOp::TopK => {}
+    }
+}
+
+/// TopK on one row: `out` (`k = out.len()`, `1 <= k <= row.len()`) gets the columns of
+/// the `k` best values of `row`, best first, in `shape::topk_before`'s order (a strict
+/// total order, so the result does not depend on how the selection runs); `order` is
+/// scratch, reused across rows.
+fn top_k_row<T: Element>(row: &[T], order: &mut Vec<usize>, out: &mut [i64]) {
+    let k = out.len();
+    let rank = |a: &usize, b: &usize| {
+        let (va, vb) = (row[*a].to_f64(), row[*b].to_f64());
+        if topk_before(va, *a, vb, *b) {
+            std::cmp::Ordering::Less
+        } else if a == b {
+            std::cmp::Ordering::Equal
+        } else {
+            std::cmp::Ordering::Greater
+        }
+    };
+    order.clear();
+    order.extend(0..row.len());
+    if k < order.len() {
+        order.select_nth_unstable_by(k - 1, rank);
+    }
+    order[..k].sort_unstable_by(rank);
+    for (o, &c) in out.iter_mut().zip(order.iter()) {
+        *o = c as i64;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::{bf16, f16};
+
+    /// The k best columns by brute force: repeatedly the best column not yet taken.
+    fn reference(row: &[f64], k: usize) -> Vec<i64> {
+        let mut taken = vec![false; row.len()];
+        (0..k)
+            .map(|_| {
+                let mut best: Option<usize> = None;
+                for c in (0..row.len()).filter(|&c| !taken[c]) {
+                    if best.map_or(true, |b| topk_before(row[c], c, row[b], b)) {
+                        best = Some(c);
+                    }
+                }
+                let b = best.unwrap();
+                taken[b] = true;
+                b as i64
+            })
+            .collect()
+    }
+
+    fn top_k<T: Element>(row: &[T], k: usize) -> Vec<i64> {
+        let mut out = vec![-1i64; k];
+        top_k_row(row, &mut Vec::new(), &mut out);
+        out
+    }
+
+    /// Every k of rows with ties, infinities, signed zeros and NaNs against the
+    /// brute-force selection, in each dtype the values are exact in.
+    #[test]
+    fn top_k_row_against_brute_force() {
+        let nan = f64::NAN;
+        let mut rows: Vec<Vec<f64>> = vec![
+            vec![0.5],
+            vec![3.0, 1.0, 2.0, 5.0, 4.0],
+            vec![1.0, 1.0, 1.0, 1.0],
+            vec![2.0, 7.0, 7.0, -1.0, 7.0, 2.0],
+            vec![f64::NEG_INFINITY, -1.0, f64::INFINITY, 0.0, f64::INFINITY],
+            vec![-0.0, 0.0, -0.0, 0.25, 0.0],
+            vec![1.0, nan, 2.0, nan, f64::INFINITY, -3.0],
+            vec![nan, nan, nan],
+            vec![f64::NEG_INFINITY; 3],
+        ];
+        let mut state = 12345u64;
+        let mut random = || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((state >> 40) % 9) as f64 - 4.0 // small integers: many ties, exact in bf16
+        };
+        for e in [7, 33, 64, 130] {
+            rows.push((0..e).map(|_| random()).collect());
+        }
+        for row in &rows {
+            for k in 1..=row.len() {
+                let want = reference(row, k);
+                assert_eq!(top_k(row, k), want, "f64 {row:?} k={k}");
+                let r32: Vec<f32> = row.iter().map(|&v| v as f32).collect();
+                assert_eq!(top_k(&r32, k), want, "f32 {row:?} k={k}");
+                let r16: Vec<f16> = row.iter().map(|&v| f16::from_f64(v)).collect();
+                assert_eq!(top_k(&r16, k), want, "f16 {row:?} k={k}");
+                let rb: Vec<bf16> = row.iter().map(|&v| bf16::from_f64(v)).collect();
+                assert_eq!(top_k(&rb, k), want, "bf16 {row:?} k={k}");
+            }
+        }
+        assert_eq!(top_k(&[1.0f64, 1.0, 1.0, 1.0], 3), vec![0, 1, 2]);
+        assert_eq!(
+            top_k(&[1.0, nan, 2.0, nan, f64::INFINITY], 4),
+            vec![1, 3, 4, 2]
+        );
+    }
+
+    /// The whole op over rows in parallel: each row's ids in its own output row.
+    #[test]
+    fn top_k_over_rows() {
+        let (tokens, cols, k) = (37, 9, 4);
+        let scores: Vec<f32> = (0..tokens * cols)
+            .map(|i| ((i * 7919) % 101) as f32 - 50.0)
+            .collect();
+        let mut out = vec![-1i64; tokens * k];
+        let d = RowsDims {
+            op: RowsOp::TopK,
+            tokens,
+            top_k: k,
+            rows: tokens,
+            cols,
+        };
+        let p = RowPtrs {
+            x: scores.as_ptr() as usize,
+            out: out.as_mut_ptr() as usize,
+            ..Default::default()
+        };
+        unsafe { run(&d, DType::F32, DType::F32, p) };
+        for t in 0..tokens {
+            let row: Vec<f64> = scores[t * cols..][..cols]
+                .iter()
+                .map(|&v| v as f64)
+                .collect();
+            assert_eq!(&out[t * k..][..k], reference(&row, k).as_slice(), "row {t}");
+        }
     }
 }

@@ -188,11 +188,15 @@ pub(crate) mod bridge {
         ScatterRows = 3,
         /// `out[t, j] = <x[t], y[inverse[t, j]]>`.
         RowDots = 4,
+        /// `out[t, j]` (int64): the column of the `j`-th best of the `k` largest values
+        /// of `x[t]` (`crate::shape::topk_before`'s order); `tokens` rows, `cols` columns
+        /// (at most `crate::shape::TOPK_CUDA_MAX_COLS`), `top_k` = k.
+        TopK = 5,
     }
 
     /// One row op, validated by Rust (`crate::shape`'s row rules, applied by
     /// `crate::exec::rows`): every operand contiguous on `device`; addresses of absent
-    /// operands 0.
+    /// operands 0. TopK: `x` the scores `[tokens, cols]`, `out` int64 `[tokens, top_k]`.
     #[derive(Clone, Copy, Debug)]
     struct RowsRequest {
         op: RowsOp,

@@ -6,7 +6,9 @@
 //! ([`super::cuda::rows`], `cuda/device/rows.cu`) on the current stream, no sync.
 //!
 //! Arithmetic: fp32 on CUDA (fp64 for float64) and fp64 on the CPU, one rounding per
-//! output element; fixed summation order, no atomics (deterministic).
+//! output element; fixed summation order, no atomics (deterministic). TopK compares the
+//! values as they are (exactly) and writes int64 ids into an output the face lends
+//! ([`Runtime::alloc_int64`]).
 
 use super::cuda;
 use super::operands::{contiguous, contiguous_int32};
@@ -62,6 +64,15 @@ pub enum RowsCall<'a> {
         /// `grad`'s dtype or float32 (resolved by the face,
         /// [`shape::resolve_out_dtype_or_f32`]).
         out_dtype: DType,
+    },
+    /// `out[t, j]` (int64): the column of the `j`-th largest of the `k` largest values of
+    /// `scores[t]` ([`shape::topk_before`]'s order).
+    TopK {
+        /// `[T, E]`.
+        scores: &'a Tensor,
+        /// `1 <= k <= E` (checked by [`shape::plan_topk`]; signed, so that a negative `k`
+        /// gets the rule's message).
+        k: i64,
     },
 }
 
@@ -156,6 +167,13 @@ fn validate<'a>(call: &RowsCall<'a>) -> Result<Checked<'a>> {
                 ..routed(dims, grad, inverse, None)
             }
         }
+        RowsCall::TopK { scores, k } => {
+            let dims = shape::plan_topk(&scores.layout, k)?;
+            if let Device::Cuda(_) = scores.device {
+                shape::check_topk_cuda(&dims)?;
+            }
+            plain(dims, scores, None)
+        }
     })
 }
 
@@ -174,13 +192,19 @@ pub unsafe fn run<R: Runtime>(rt: &mut R, call: RowsCall<'_>) -> Result<R::Out> 
     let y = c.y.map(|t| contiguous(rt, t)).transpose()?;
     let inverse = c.inverse.map(|i| contiguous_int32(rt, i)).transpose()?;
     let weights = c.weights.map(|t| contiguous(rt, t)).transpose()?;
-    let (o, out) = rt.alloc(&c.dims.out_shape(), c.out_dtype, device)?;
+    let shape = c.dims.out_shape();
+    let (o, out) = if c.dims.writes_index() {
+        rt.alloc_int64(&shape, device)?
+    } else {
+        let (o, out) = rt.alloc(&shape, c.out_dtype, device)?;
+        (o, out.ptr)
+    };
     let p = RowPtrs {
         x: x.ptr,
         y: y.map_or(0, |t| t.ptr),
         inverse: inverse.map_or(0, |i| i.ptr),
         weights: weights.map_or(0, |t| t.ptr),
-        out: out.ptr,
+        out,
     };
     // SAFETY: validated extents over live contiguous operands (contract, or copies the
     // face keeps for the call); `out` is fresh.
@@ -442,6 +466,53 @@ mod tests {
         let call = RowsCall::Swiglu { pre: &g };
         let e = validate(&call).err().unwrap().to_string();
         assert!(e.starts_with("pre: expected an even last dimension"), "{e}");
+    }
+
+    /// TopK through the engine: its int64 output comes from `alloc_int64` (never `alloc`)
+    /// and every id is written; wide rows are refused on CUDA only, before anything runs.
+    #[test]
+    fn topk_through_the_engine() {
+        struct Ids;
+        impl Runtime for Ids {
+            type Out = Vec<i64>;
+            fn alloc(&mut self, _: &[usize], _: DType, _: Device) -> Result<Output<Vec<i64>>> {
+                panic!("TopK's output is int64")
+            }
+            fn alloc_int64(
+                &mut self,
+                shape: &[usize],
+                device: Device,
+            ) -> Result<(Vec<i64>, usize)> {
+                assert_eq!(device, Device::Cpu);
+                let v = vec![-7i64; shape.iter().product()];
+                let ptr = v.as_ptr() as usize;
+                Ok((v, ptr))
+            }
+        }
+        let (inf, nan) = (f32::INFINITY, f32::NAN);
+        let rows = [
+            [0.5, 2.0, -1.0, 2.0, nan], // NaN first, then the tie by column
+            [-inf, -0.0, 0.0, inf, 1.0],
+            [3.0, 2.0, 1.0, 0.0, -1.0],
+        ];
+        let (_s, scores) = t(&[3, 5], DType::F32, rows.as_flattened());
+        let topk =
+            |scores: &Tensor, k| unsafe { super::run(&mut Ids, RowsCall::TopK { scores, k }) };
+        assert_eq!(topk(&scores, 3).unwrap(), vec![4, 1, 3, 3, 4, 1, 0, 1, 2]);
+        let e = topk(&scores, 6).unwrap_err().to_string();
+        assert!(e.starts_with("k: expected an integer in [1, 5]"), "{e}");
+
+        let (_w, mut wide) = t(&[2, 1025], DType::F32, &[0.0; 2 * 1025]);
+        assert_eq!(topk(&wide, 2).unwrap(), vec![0, 1, 0, 1]);
+        wide.device = Device::Cuda(0);
+        let e = validate(&RowsCall::TopK {
+            scores: &wide,
+            k: 2,
+        })
+        .err()
+        .unwrap();
+        assert!(matches!(e, Error::Shape(ref m)
+            if m.starts_with("scores: expected at most 1024 columns on CUDA")));
     }
 
     #[test]

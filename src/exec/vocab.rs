@@ -108,8 +108,8 @@ pub type Grads<O> = (Option<O>, Option<O>);
 /// What a face's runtime lends the engine for one call: memory (outputs, workspaces,
 /// argument blocks, normalised copies), the current CUDA stream, the TF32 flag, and how
 /// CPU kernels run (the torch face releases the GIL). Only [`Runtime::alloc`] is needed
-/// by the GEMMs on the CPU; the other methods serve CUDA calls and the row ops, and fail
-/// by default.
+/// by the GEMMs on the CPU; the other methods serve CUDA calls and the row ops (TopK's
+/// int64 output: [`Runtime::alloc_int64`]), and fail by default.
 pub trait Runtime {
     /// The face's output object (a torch tensor, a numpy array, an ndarray array).
     type Out;
@@ -117,6 +117,14 @@ pub trait Runtime {
     /// A fresh row-major contiguous output (contents need not be initialised).
     fn alloc(&mut self, shape: &[usize], dtype: DType, device: Device)
         -> Result<Output<Self::Out>>;
+
+    /// A fresh row-major contiguous int64 output (an index the engine writes: the router's
+    /// top-k ids): the face's object and its address. Only the faces that run TopK lend it.
+    fn alloc_int64(&mut self, _shape: &[usize], _device: Device) -> Result<(Self::Out, usize)> {
+        Err(Error::Type(
+            "internal: this face lends no int64 outputs".into(),
+        ))
+    }
 
     /// Runs CPU kernels (the torch face releases the GIL here).
     fn run_cpu(&mut self, job: &mut (dyn FnMut() + Send)) {

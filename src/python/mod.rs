@@ -127,11 +127,13 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(rows::gather_sum, m)?)?;
     m.add_function(wrap_pyfunction!(rows::scatter_rows, m)?)?;
     m.add_function(wrap_pyfunction!(rows::row_dots, m)?)?;
+    m.add_function(wrap_pyfunction!(rows::topk_ids, m)?)?;
     m.add_function(wrap_pyfunction!(info::packed_out_shape, m)?)?;
     m.add_function(wrap_pyfunction!(info::list_out_shapes, m)?)?;
     m.add_function(wrap_pyfunction!(info::build_info, m)?)?;
     m.add_function(wrap_pyfunction!(info::gathers_in_gemm, m)?)?;
     m.add_function(wrap_pyfunction!(info::take_deferred_error, m)?)?;
     m.add("__version__", crate::VERSION)?;
+    m.add("TOPK_CUDA_MAX_COLS", shape::TOPK_CUDA_MAX_COLS)?;
     Ok(())
 }

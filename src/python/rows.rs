@@ -30,6 +30,7 @@ enum RowArgs {
     GatherSum(exec::Tensor, exec::IntTensor, Option<exec::Tensor>),
     ScatterRows(exec::Tensor, exec::IntTensor, Option<exec::Tensor>, usize),
     RowDots(exec::Tensor, exec::Tensor, exec::IntTensor, DType),
+    TopK(exec::Tensor, i64),
 }
 
 impl RowArgs {
@@ -55,6 +56,7 @@ impl RowArgs {
                 inverse,
                 out_dtype: *out_dtype,
             },
+            RowArgs::TopK(scores, k) => C::TopK { scores, k: *k },
         }
     }
 }
@@ -143,5 +145,18 @@ pub(super) fn row_dots<'py>(
             }
         };
         Ok(RowArgs::RowDots(grad, y, inverse, od))
+    })
+}
+
+/// The router's top-k: int64 `[T, k]`, row `t` the columns of the `k` largest values of
+/// `scores[t]` (`[T, E]`), best first (NaN above every number, ties to the lower column).
+#[pyfunction]
+pub(super) fn topk_ids<'py>(
+    py: Python<'py>,
+    scores: &Bound<'py, PyAny>,
+    k: i64,
+) -> PyResult<Bound<'py, PyAny>> {
+    row_op(py, |rt| {
+        Ok(RowArgs::TopK(rt.reference("scores", scores)?, k))
     })
 }

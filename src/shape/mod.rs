@@ -40,8 +40,8 @@ pub use product::{
 };
 pub(crate) use rows::RowPtrs;
 pub use rows::{
-    check_indices, plan_gather_sum, plan_row_dots, plan_scatter_rows, plan_swiglu,
-    plan_swiglu_backward, RowsDims, RowsOp,
+    check_indices, check_topk_cuda, plan_gather_sum, plan_row_dots, plan_scatter_rows, plan_swiglu,
+    plan_swiglu_backward, plan_topk, topk_before, RowsDims, RowsOp, TOPK_CUDA_MAX_COLS,
 };
 
 use crate::dtype::DType;

@@ -10,12 +10,19 @@
 //! | [`RowsOp::GatherSum`] | `y [R, D]`, `inverse [T, k]`, `weights?` | `[T, D]`: `sum_j w[t, j] * y[inverse[t, j]]` |
 //! | [`RowsOp::ScatterRows`] | `grad [T, D]`, `inverse [T, k]`, `weights?`, `R` | `[R, D]`: `out[inverse[t, j]] = w[t, j] * grad[t]` |
 //! | [`RowsOp::RowDots`] | `grad [T, D]`, `y [R, D]`, `inverse [T, k]` | `[T, k]`: `<grad[t], y[inverse[t, j]]>` |
+//! | [`RowsOp::TopK`] | `scores [T, E]`, `k` | int64 `[T, k]`: the router's top-k ids of each row |
 //!
 //! `inverse[t, j]` is the row of the expert-ordered operand that holds token `t`'s `j`-th
 //! choice; `weights` (absent: weight 1) has its shape. An index outside `[0, R)` is an
 //! error ([`check_indices`] on the host, before the CPU loops run; on CUDA the kernels of
 //! `cuda/device/rows.cu` skip it, reading and writing nothing for it, and raise the
 //! deferred flag that the device's next call reports: `super::index_error_pending`).
+//!
+//! TopK's order ([`topk_before`]): row `t` of its output holds the columns of the `k`
+//! largest values of `scores[t]`, best first: a greater value first, NaN greater than
+//! every number (as `torch.topk` ranks it), equal values (NaNs among themselves, and
+//! `-0.0 == 0.0`) lower column first. On rows of distinct numbers that is
+//! `torch.topk(scores, k).indices`. On CUDA rows are at most [`TOPK_CUDA_MAX_COLS`] wide.
 
 use super::{fmt_shape, need_ndim};
 use crate::error::{shape_err, Result};
@@ -35,6 +42,9 @@ pub enum RowsOp {
     ScatterRows,
     /// `out[t, j] = <grad[t], y[inverse[t, j]]>`.
     RowDots,
+    /// `out[t, j]` (int64) = the column of the `j`-th of the `k` largest values of row
+    /// `t` ([`topk_before`]'s order).
+    TopK,
 }
 
 /// The extents of a validated row op: what its loops and kernels iterate over.
@@ -42,14 +52,14 @@ pub enum RowsOp {
 pub struct RowsDims {
     /// The op.
     pub op: RowsOp,
-    /// Rows `T` of `inverse` (0 for the SwiGLU ops).
+    /// Rows `T` of `inverse` (0 for the SwiGLU ops; TopK: rows of `scores`).
     pub tokens: usize,
-    /// Columns `k` of `inverse` (0 for the SwiGLU ops).
+    /// Columns `k` of `inverse` (0 for the SwiGLU ops; TopK: `k`).
     pub top_k: usize,
-    /// Rows `R` of the expert-ordered operand.
+    /// Rows `R` of the expert-ordered operand (TopK: `T`, the rows of `scores`).
     pub rows: usize,
     /// `F` for the SwiGLU ops (their `[R, 2F]` operands have twice as many), `D` for the
-    /// others.
+    /// others (TopK: `E`, the columns of `scores`).
     pub cols: usize,
 }
 
@@ -61,8 +71,13 @@ impl RowsDims {
             RowsOp::SwigluBackward => [self.rows, 2 * self.cols],
             RowsOp::GatherSum => [self.tokens, self.cols],
             RowsOp::ScatterRows => [self.rows, self.cols],
-            RowsOp::RowDots => [self.tokens, self.top_k],
+            RowsOp::RowDots | RowsOp::TopK => [self.tokens, self.top_k],
         }
+    }
+
+    /// Whether the output holds int64 indices (TopK) rather than values.
+    pub fn writes_index(&self) -> bool {
+        self.op == RowsOp::TopK
     }
 }
 
@@ -72,7 +87,8 @@ impl RowsDims {
 /// SwigluBackward, `y` of RowDots), `inverse` the int32 row index of each output slot
 /// (`[T, k]`: slot `(t, j)`'s row of the expert-ordered operand, the `R` rows GatherSum
 /// and RowDots read and ScatterRows writes; a gathered product's `src` as a one-column
-/// index), `weights` the router weights (`[T, k]`).
+/// index), `weights` the router weights (`[T, k]`). TopK: `x` is `scores`, `out` its int64
+/// `[T, k]` ids.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct RowPtrs {
     pub x: usize,
@@ -219,6 +235,64 @@ pub fn plan_row_dots(grad: &Layout, y: &Layout, inverse: &Layout) -> Result<Rows
     })
 }
 
+/// The widest rows TopK takes on CUDA: its kernel holds a row in one warp's registers, at
+/// most 32 values a lane (`cuda/device/rows_kernels.cuh`, `kTopKMaxPerLane`). Wider rows
+/// are an error there; `_native.TOPK_CUDA_MAX_COLS` tells the Python router, which uses
+/// `torch.topk` for them instead.
+pub const TOPK_CUDA_MAX_COLS: usize = 1024;
+
+/// `topk_ids(scores, k)`: `scores [T, E]` with `E >= 1`, and `1 <= k <= E`.
+pub fn plan_topk(scores: &Layout, k: i64) -> Result<RowsDims> {
+    let (tokens, cols) = matrix("scores", scores)?;
+    if cols == 0 {
+        return Err(shape_err(format!(
+            "scores: expected at least one column (E >= 1), found shape {}",
+            fmt_shape(&scores.shape)
+        )));
+    }
+    let top_k = usize::try_from(k)
+        .ok()
+        .filter(|&k| (1..=cols).contains(&k))
+        .ok_or_else(|| {
+            crate::error::Error::Value(format!(
+                "k: expected an integer in [1, {cols}] (1 to the columns of scores), found {k}"
+            ))
+        })?;
+    Ok(RowsDims {
+        op: RowsOp::TopK,
+        tokens,
+        top_k,
+        rows: tokens,
+        cols,
+    })
+}
+
+/// TopK's bound on CUDA ([`TOPK_CUDA_MAX_COLS`]), applied by the engine to CUDA calls.
+pub fn check_topk_cuda(d: &RowsDims) -> Result<()> {
+    if d.cols > TOPK_CUDA_MAX_COLS {
+        return Err(shape_err(format!(
+            "scores: expected at most {TOPK_CUDA_MAX_COLS} columns on CUDA (the top-k \
+             kernel's bound; torch.topk takes wider rows), found shape {}",
+            fmt_shape(&[d.tokens, d.cols])
+        )));
+    }
+    Ok(())
+}
+
+/// TopK's order: whether value `a` at column `ia` ranks before value `b` at column `ib`
+/// (`ia != ib`): the greater value, NaN greater than every number, equal values (NaNs
+/// among themselves; `-0.0 == 0.0`) the lower column. A strict total order on
+/// `(value, column)` pairs of distinct columns. The CUDA kernel's comparator
+/// (`topk_before`, `cuda/device/rows_kernels.cuh`) is this one.
+pub fn topk_before(a: f64, ia: usize, b: f64, ib: usize) -> bool {
+    match (a.is_nan(), b.is_nan()) {
+        (true, true) => ia < ib,
+        (true, false) => true,
+        (false, true) => false,
+        (false, false) => a > b || (a == b && ia < ib),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -243,6 +317,78 @@ mod tests {
         // nothing to do is valid
         let d = plan_gather_sum(&c(&[0, 4]), &c(&[0, 2]), None).unwrap();
         assert_eq!(d.out_shape(), [0, 4]);
+        let d = plan_topk(&c(&[5, 8]), 3).unwrap();
+        assert_eq!((d.tokens, d.top_k, d.rows, d.cols), (5, 3, 5, 8));
+        assert_eq!((d.out_shape(), d.writes_index()), ([5, 3], true));
+        assert_eq!(plan_topk(&c(&[0, 1]), 1).unwrap().out_shape(), [0, 1]);
+        assert_eq!(plan_topk(&c(&[2, 8]), 8).unwrap().top_k, 8);
+        assert!(!plan_swiglu(&c(&[5, 8])).unwrap().writes_index());
+    }
+
+    #[test]
+    fn topk_rules_name_scores_and_k() {
+        let msg = |r: Result<RowsDims>| r.unwrap_err().to_string();
+        for k in [0, -1, 9, i64::MIN] {
+            assert_eq!(
+                msg(plan_topk(&c(&[5, 8]), k)),
+                format!("k: expected an integer in [1, 8] (1 to the columns of scores), found {k}")
+            );
+        }
+        assert!(matches!(
+            plan_topk(&c(&[5, 8]), 0),
+            Err(crate::error::Error::Value(_))
+        ));
+        assert_eq!(
+            msg(plan_topk(&c(&[8]), 1)),
+            "scores: expected a 2-D tensor, found 1-D with shape [8]"
+        );
+        assert_eq!(
+            msg(plan_topk(&c(&[3, 0]), 1)),
+            "scores: expected at least one column (E >= 1), found shape [3, 0]"
+        );
+        let wide = plan_topk(&c(&[2, TOPK_CUDA_MAX_COLS + 1]), 2).unwrap();
+        assert!(msg(check_topk_cuda(&wide).map(|_| wide))
+            .starts_with("scores: expected at most 1024 columns on CUDA"));
+        let edge = plan_topk(&c(&[2, TOPK_CUDA_MAX_COLS]), 2).unwrap();
+        assert!(check_topk_cuda(&edge).is_ok());
+    }
+
+    /// The order is strict and total on distinct columns, NaN above +inf, -0.0 == 0.0.
+    #[test]
+    fn topk_order() {
+        let vals = [
+            f64::NAN,
+            f64::INFINITY,
+            1.0,
+            0.0,
+            -0.0,
+            -1.0,
+            f64::NEG_INFINITY,
+        ];
+        // (value, column) pairs, all columns distinct
+        let items: Vec<(f64, usize)> = vals
+            .iter()
+            .chain(vals.iter())
+            .enumerate()
+            .map(|(i, &v)| (v, i))
+            .collect();
+        for &(a, ia) in &items {
+            assert!(!topk_before(a, ia, a, ia), "irreflexive");
+            for &(b, ib) in &items {
+                if ia != ib {
+                    assert_ne!(topk_before(a, ia, b, ib), topk_before(b, ib, a, ia));
+                }
+                for &(c, ic) in &items {
+                    if topk_before(a, ia, b, ib) && topk_before(b, ib, c, ic) {
+                        assert!(topk_before(a, ia, c, ic), "transitive");
+                    }
+                }
+            }
+        }
+        assert!(topk_before(f64::NAN, 5, f64::INFINITY, 0));
+        assert!(topk_before(f64::NAN, 1, f64::NAN, 2));
+        assert!(topk_before(-0.0, 3, 0.0, 4) && topk_before(0.0, 3, -0.0, 4));
+        assert!(topk_before(2.0, 9, 1.0, 0));
     }
 
     #[test]

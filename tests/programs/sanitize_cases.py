@@ -3,7 +3,9 @@ scripts/sanitize.sh): every form and dtype, forward and backward, the list form 
 smallest calls among them), K = 0, 16-bit groups at the varlen tile's boundaries, and bad
 offs (decreasing, negative, past the end) that must never read or write out of bounds;
 the MoE glue's row kernels (every op and dtype, vectorised and scalar widths, padding rows,
-out-of-range indices), the gathered products, and a fused MoE layer's forward and backward.
+out-of-range indices), the router's top-k kernel (every dtype and values-per-lane width,
+rows ending mid-warp and mid-block, NaN and infinities), the gathered products, and a fused
+MoE layer's forward and backward.
 
     compute-sanitizer --tool memcheck --error-exitcode 9 python3 tests/programs/sanitize_cases.py
 """
@@ -90,6 +92,7 @@ def main() -> int:
         groupmm._native.take_offs_error(0)
     n += gathered(dev)
     n += moe_rows(dev)
+    n += topk(dev)
     n += row_scaled(dev)
     torch.cuda.synchronize()
     print(f"sanitize cases: {n} calls done")
@@ -171,6 +174,27 @@ def gathered(dev) -> int:
             _flagged(groupmm._native.swiglu_mm, x, w, offs, index)
             groupmm._native.swiglu_mm(rows_k, w, offs, None)
             n += 2
+    return n
+
+
+def topk(dev) -> int:
+    """The router's top-k kernel (rows.cu, launch_topk): every dtype, every values-per-lane
+    width (E up to 32, 64, ..., 1024, and E not a multiple of 32), k = 1, 8, 33 (two store
+    groups) and E, row counts that end mid-block (8 rows a block), NaN and infinities."""
+    from groupmm import _rows
+
+    n = 0
+    for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.float64):
+        for e in (1, 31, 33, 64, 100, 256, 300, 1000, 1024):
+            for tokens in (0, 5, 3001):
+                scores = torch.randn(tokens, e, device=dev, dtype=dtype)
+                if tokens:
+                    scores[0, e // 2] = float("nan")
+                    scores[-1, 0] = float("inf")
+                    scores[-1, e - 1] = float("-inf")
+                for k in sorted({1, 8, 33, e} & set(range(1, e + 1))):
+                    _rows.topk_ids(scores, k)
+                    n += 1
     return n
 
 

@@ -35,6 +35,7 @@ fn ffi_rows_op(op: RowsOp) -> ffi::RowsOp {
         RowsOp::GatherSum => ffi::RowsOp::GatherSum,
         RowsOp::ScatterRows => ffi::RowsOp::ScatterRows,
         RowsOp::RowDots => ffi::RowsOp::RowDots,
+        RowsOp::TopK => ffi::RowsOp::TopK,
     }
 }
 

@@ -235,6 +235,32 @@ impl<'py> Runtime for PyRuntime<'py> {
         Ok((obj, t))
     }
 
+    /// On like's device, the device of every operand (as `alloc`).
+    fn alloc_int64(&mut self, shape: &[usize], _device: Device) -> Result<(Self::Out, usize)> {
+        let py = self.py;
+        match self.kind() {
+            Kind::Torch => {
+                let t = self.torch()?;
+                let kw = PyDict::new(py);
+                kw.set_item(intern!(py, "dtype"), t.int64.bind(py))
+                    .map_err(|e| self.fail(e))?;
+                let sizes = PyTuple::new(py, shape).map_err(|e| self.fail(e))?;
+                let obj = self
+                    .like()?
+                    .call_method(intern!(py, "new_empty"), sizes, Some(&kw))
+                    .map_err(|e| self.fail(e))?;
+                let ptr = self.data_ptr(&obj)? as usize;
+                Ok((obj, ptr))
+            }
+            Kind::Numpy => {
+                let arr = PyArrayDyn::<i64>::zeros(py, shape, false);
+                // SAFETY: `as_array_ptr` points at the live PyArrayObject we just made.
+                let ptr = unsafe { (*arr.as_array_ptr()).data as usize };
+                Ok((arr.into_any(), ptr))
+            }
+        }
+    }
+
     fn run_cpu(&mut self, job: &mut (dyn FnMut() + Send)) {
         self.py.detach(job)
     }
