@@ -236,7 +236,7 @@ pub fn plan_row_dots(grad: &Layout, y: &Layout, inverse: &Layout) -> Result<Rows
 }
 
 /// The widest rows TopK takes on CUDA: its kernel holds a row in one warp's registers, at
-/// most 32 values a lane (`cuda/device/rows_kernels.cuh`, `kTopKMaxPerLane`). Wider rows
+/// most 32 values a lane (`cuda/device/rows.h`, `kTopKMaxCols`). Wider rows
 /// are an error there; `_native.TOPK_CUDA_MAX_COLS` tells the Python router, which uses
 /// `torch.topk` for them instead.
 pub const TOPK_CUDA_MAX_COLS: usize = 1024;
