@@ -10,6 +10,7 @@ import sys
 
 import groupmm
 import torch
+from batch_timer import batch_ms
 from groupmm import _native
 
 CFG = {
@@ -24,19 +25,7 @@ reps = int(sys.argv[2]) if len(sys.argv) > 2 else 20
 
 
 def t(f, reps=reps):
-    for _ in range(3):
-        f()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(5):
-        a, b = torch.cuda.Event(True), torch.cuda.Event(True)
-        a.record()
-        for _ in range(reps):
-            f()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b) / reps)
-    return sorted(out)[2]
+    return batch_ms(f, reps)
 
 
 for name in names:

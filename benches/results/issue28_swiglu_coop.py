@@ -8,6 +8,7 @@ import math
 import sys
 
 import torch
+from batch_timer import batch_ms
 from groupmm import _native
 
 mode, tag = sys.argv[1], sys.argv[2]
@@ -112,21 +113,6 @@ else:
         "235b": (16384, 8, 128, 4096, 1536),
     }
 
-    def t(f, reps=20):
-        for _ in range(3):
-            f()
-        torch.cuda.synchronize()
-        out = []
-        for _ in range(5):
-            a, b = torch.cuda.Event(True), torch.cuda.Event(True)
-            a.record()
-            for _ in range(reps):
-                f()
-            b.record()
-            b.synchronize()
-            out.append(a.elapsed_time(b) / reps)
-        return sorted(out)[2]
-
     for name in sys.argv[3].split(","):
         T, k, E, D, F = CFG[name]
         g = torch.Generator(device=dev).manual_seed(0)
@@ -141,6 +127,6 @@ else:
         src = (order // k).to(torch.int32)
         offs = torch.bincount(expert, minlength=E).cumsum(0).to(torch.int32)
         xs = x.index_select(0, src)
-        tg = t(lambda: _native.swiglu_mm(x, w_in, offs, src))
-        tp = t(lambda: _native.swiglu_mm(xs, w_in, offs, None))
+        tg = batch_ms(lambda: _native.swiglu_mm(x, w_in, offs, src))
+        tp = batch_ms(lambda: _native.swiglu_mm(xs, w_in, offs, None))
         print(json.dumps(dict(tag=tag, cfg=name, gathered=tg, packed=tp)), flush=True)

@@ -6,23 +6,12 @@
 import json
 
 import torch
+from batch_timer import batch_ms
 from groupmm import _rows
 
 
 def t(f, reps=50):
-    for _ in range(5):
-        f()
-    torch.cuda.synchronize()
-    res = []
-    for _ in range(5):
-        a, b = torch.cuda.Event(True), torch.cuda.Event(True)
-        a.record()
-        for _ in range(reps):
-            f()
-        b.record()
-        b.synchronize()
-        res.append(a.elapsed_time(b) / reps * 1000)
-    return sorted(res)[2]
+    return batch_ms(f, reps, warmup=5) * 1000  # microseconds
 
 
 print(torch.cuda.get_device_name())
