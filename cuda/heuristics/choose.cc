@@ -152,15 +152,30 @@ bool use_varlen() {
   return forced.value_or(true);
 }
 
-// The gathered varlen-K kernel: cooperative 128x192 (GROUPMM_SM90_VARLEN_CONFIG=pp128: the
-// ping-pong 128x128 one; ping-pong 128x192 would not fit its accumulators beside the
-// gathering producer's registers).
+// The gathered varlen-K kernel (the MoE block's weight gradients, x[src]^T dH and act^T
+// dY[src]): cooperative 128 x 256 (GROUPMM_SM90_GATHER_K=co192: cooperative 128 x 192;
+// GROUPMM_SM90_GATHER_K=pp128 or GROUPMM_SM90_VARLEN_CONFIG=pp128: ping-pong 128 x 128;
+// ping-pong 128 x 192 would not fit its accumulators beside the gathering producer's
+// registers). Measured (H100, bf16, T = 16384, uniform top-k, processes alternated, two
+// rounds; benches/results/h100_bf16_issue28_gather_k_dw{in,out}.jsonl), co256 over co192,
+// outputs bitwise equal: x[src]^T dH 1.03-1.30x (Qwen3-30B 1.12-1.17x, OLMoE 1.10-1.18x,
+// d 4096 / F 512 1.17-1.30x, the smallest gain d 768 / F 1024 top-2); act^T dY[src]
+// 1.05-1.12x (a third more MMA work per k-block for the same gathered bytes on A; on B
+// the other operand's bytes per FLOP fall and the per-tile costs spread over more work).
+constexpr EnvName<varlen::Config> kGatherKNames[] = {
+    {"pp128", {varlen::Mode::K, varlen::Schedule::PingPong, 128}},
+    {"co192", {varlen::Mode::K, varlen::Schedule::Cooperative, 192}},
+    {"co256", {varlen::Mode::K, varlen::Schedule::Cooperative, 256}}};
+
 varlen::Config gather_k_config(varlen::Gather g) {
   static const std::optional<varlen::Config> forced =
       env_choice("GROUPMM_SM90_VARLEN_CONFIG", kVarlenNames);
+  static const std::optional<varlen::Config> chosen =
+      env_choice("GROUPMM_SM90_GATHER_K", kGatherKNames);
+  varlen::Config c = chosen.value_or(kGatherKNames[2].value);
   if (forced && forced->schedule == varlen::Schedule::PingPong && forced->bn == 128)
-    return varlen::Config{varlen::Mode::K, varlen::Schedule::PingPong, 128, g};
-  return varlen::Config{varlen::Mode::K, varlen::Schedule::Cooperative, 192, g};
+    c = kGatherKNames[0].value;
+  return varlen::Config{varlen::Mode::K, c.schedule, c.bn, g};
 }
 
 // The SwiGLU epilogue's configuration: cooperative 128 x 256 (half the A bytes per FLOP of
