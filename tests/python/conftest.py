@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import importlib
 import os
+import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 from typing import List, Optional, Sequence
@@ -292,3 +294,22 @@ class WallClockEvent:
 
     def elapsed_time(self, other):
         return max((other.t - self.t) * 1e3, 1e-6)
+
+
+def outputs_in_fresh_process(module: str, env: dict, path) -> list:
+    """``module._outputs()`` (a test module of this folder) computed in a fresh Python
+    process with ``env`` added to the environment, saved to ``path`` and loaded here: for
+    the kernel choices groupmm reads from the environment once per process."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = textwrap.dedent(
+        f"""
+        import sys, torch
+        sys.path.insert(0, {here!r})
+        from {module} import _outputs
+        torch.save(_outputs(), {str(path)!r})
+        """
+    )
+    subprocess.run(
+        [sys.executable, "-c", code], check=True, env=dict(os.environ, **env), timeout=300
+    )
+    return torch.load(path)

@@ -9,18 +9,11 @@ the cooperative 128 x 192 and ping-pong 128 x 128 kernels
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
-
 import pytest
 import torch
-from conftest import HAS_CUDA
+from conftest import HAS_CUDA, outputs_in_fresh_process
 
 pytestmark = pytest.mark.cuda
-
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _hopper() -> bool:
@@ -96,18 +89,8 @@ def test_gather_k_configurations_are_bitwise_equal(config, tmp_path):
     the same token order."""
     if not _hopper():
         pytest.skip("needs an sm_90 GPU")
-    path = tmp_path / f"{config}.pt"
-    code = textwrap.dedent(
-        f"""
-        import sys, torch
-        sys.path.insert(0, {HERE!r})
-        from test_gather_k_configs import _outputs
-        torch.save(_outputs(), {str(path)!r})
-        """
-    )
-    env = dict(os.environ, GROUPMM_SM90_GATHER_K=config)
-    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=300)
-    other = torch.load(path)
+    env = {"GROUPMM_SM90_GATHER_K": config}
+    other = outputs_in_fresh_process("test_gather_k_configs", env, tmp_path / f"{config}.pt")
     here = _outputs()
     assert len(here) == len(other) == 3
     for x, y in zip(here, other):

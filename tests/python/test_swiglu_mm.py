@@ -7,18 +7,11 @@ per process, so in a fresh one)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
-
 import pytest
 import torch
-from conftest import HAS_CUDA
+from conftest import HAS_CUDA, outputs_in_fresh_process
 
 pytestmark = pytest.mark.cuda
-
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _hopper() -> bool:
@@ -99,18 +92,8 @@ def test_swiglu_configurations_are_bitwise_equal(tmp_path):
     k order, the same epilogue arithmetic."""
     if not _hopper():
         pytest.skip("needs an sm_90 GPU")
-    path = tmp_path / "pp128.pt"
-    code = textwrap.dedent(
-        f"""
-        import sys, torch
-        sys.path.insert(0, {HERE!r})
-        from test_swiglu_mm import _outputs
-        torch.save(_outputs(), {str(path)!r})
-        """
-    )
-    env = dict(os.environ, GROUPMM_SM90_SWIGLU="pp128")
-    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=300)
-    other = torch.load(path)
+    env = {"GROUPMM_SM90_SWIGLU": "pp128"}
+    other = outputs_in_fresh_process("test_swiglu_mm", env, tmp_path / "pp128.pt")
     here = _outputs()
     assert len(here) == len(other) == 6
     for a, b in zip(here, other):
