@@ -7,7 +7,9 @@
 # kernel with GROUPMM_SM90_GATHER=0 ("gather-first"), the ping-pong 128 x 128 SwiGLU kernel
 # with GROUPMM_SM90_SWIGLU=pp128 ("swiglu-pp128"; "varlen" runs the cooperative 128 x 256 one), the
 # gathered weight-gradient kernel's cooperative 128 x 192 configuration with
-# GROUPMM_SM90_GATHER_K=co192 ("gather-k-co192"; "varlen" runs the 128 x 256 one), and
+# GROUPMM_SM90_GATHER_K=co192 ("gather-k-co192"; "varlen" runs the 128 x 256 one), the
+# ping-pong 128 x 128 DGated kernel on gathered rows with GROUPMM_SM90_DGATED=pp128
+# ("dgated-pp128"; "varlen" runs the cooperative 128 x 256 one), and
 # the CUTLASS ptr-array kernels in each sm90 tile configuration, which the case list's
 # shapes reach with GROUPMM_SM90_VARLEN=0 / GROUPMM_SM90_CONFIG), every form and dtype.
 # Prints one summary line per tool and exits non-zero on any report (or a tool failure).
@@ -28,7 +30,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/sanitize}
 mkdir -p "$OUT"
 TOOLS=${TOOLS:-memcheck racecheck synccheck initcheck unwritten}
-PATHS=${PATHS:-varlen varlen-pp128 varlen-co128 varlen-co192 gather-first swiglu-pp128 gather-k-co192 128x256 128x128 ping64x128}
+PATHS=${PATHS:-varlen varlen-pp128 varlen-co128 varlen-co192 gather-first swiglu-pp128 gather-k-co192 dgated-pp128 128x256 128x128 ping64x128}
 LIMIT=${SAN_TIMEOUT:-600}
 status=0
 for tool in $TOOLS; do
@@ -40,6 +42,7 @@ for tool in $TOOLS; do
     elif [ "$path" = gather-first ]; then env=(GROUPMM_SM90_VARLEN=auto GROUPMM_SM90_GATHER=0)
     elif [ "$path" = swiglu-pp128 ]; then env=(GROUPMM_SM90_VARLEN=auto GROUPMM_SM90_SWIGLU=pp128)
     elif [ "$path" = gather-k-co192 ]; then env=(GROUPMM_SM90_VARLEN=auto GROUPMM_SM90_GATHER_K=co192)
+    elif [ "$path" = dgated-pp128 ]; then env=(GROUPMM_SM90_VARLEN=auto GROUPMM_SM90_DGATED=pp128)
     else env=(GROUPMM_SM90_VARLEN=0 GROUPMM_SM90_CONFIG="$path"); fi
     log="$OUT/$tool-$path.log"
     if [ "$tool" = unwritten ]; then

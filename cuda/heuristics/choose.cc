@@ -189,11 +189,31 @@ constexpr EnvName<varlen::Config> kSwigluNames[] = {
     {"pp128", {varlen::Mode::M, varlen::Schedule::PingPong, 128}},
     {"co256", {varlen::Mode::M, varlen::Schedule::Cooperative, 256}}};
 
+// The DGated epilogue's configuration on rows gathered through src: cooperative 128 x 256
+// (half the gathered bytes per FLOP of ping-pong 128 x 128, whose cp.async producer bounds it
+// at D >= 2048; the epilogue runs after the mainloop, pre's first chunk loads during it), or
+// ping-pong 128 x 128 (its epilogue under the other warpgroup's mainloop) where
+// GROUPMM_SM90_DGATED=pp128. Packed rows: ping-pong 128 x 128. Measured (H100, bf16, uniform
+// top-k, processes alternated, two rounds; benches/results/h100_bf16_issue28_dgated_co256.md),
+// co256 over pp128 at T = 16384: Qwen3-30B 1.06x, OLMoE 1.08-1.10x, Qwen3-235B 1.24-1.27x,
+// gpt-oss-20b 1.01-1.16x, d 1536 / F 512 top-16 1.02-1.03x, d 1536 / F 256 1.00-1.01x,
+// Mixtral-size experts under EP = 2 (D 4096, F 14336, 32768 rows) 1.19-1.23x; Qwen3-30B at
+// T = 4096 0.96-0.98x (kept simple: one default); bitwise equal.
+constexpr EnvName<varlen::Config> kDgatedNames[] = {
+    {"pp128", {varlen::Mode::M, varlen::Schedule::PingPong, 128}},
+    {"co256", {varlen::Mode::M, varlen::Schedule::Cooperative, 256}}};
+
 varlen::Config fused_config(varlen::Gather g, Epilogue epi) {
   static const std::optional<varlen::Config> forced =
       env_choice("GROUPMM_SM90_SWIGLU", kSwigluNames);
+  static const std::optional<varlen::Config> dgated =
+      env_choice("GROUPMM_SM90_DGATED", kDgatedNames);
   if (epi == Epilogue::SwiGLU) {
     const varlen::Config c = forced.value_or(kSwigluNames[1].value);
+    return varlen::Config{varlen::Mode::M, c.schedule, c.bn, g, epi};
+  }
+  if (epi == Epilogue::DGated && g == varlen::Gather::A) {
+    const varlen::Config c = dgated.value_or(kDgatedNames[1].value);
     return varlen::Config{varlen::Mode::M, c.schedule, c.bn, g, epi};
   }
   return varlen::Config{varlen::Mode::M, varlen::Schedule::PingPong, 128, g, epi};

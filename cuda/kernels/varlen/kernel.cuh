@@ -26,7 +26,9 @@
 
 namespace gmm::varlen {
 
-// The epilogue policy's store_coop (plain, and SwiGLU at 128 x 256: their fits()).
+// The epilogue policy's store_coop (plain, SwiGLU and DGated at 128 x 256: their fits()),
+// after its prefetch_coop, called before each tile's mainloop (DGated starts loading its
+// first operand chunk there), with the warpgroup's state of the policy's own across tiles.
 template <class C, class Pipeline, class Sched>
 __device__ __forceinline__ void consume_cooperative(const typename C::Params& p, Pipeline& pipeline,
                                                     Sched& sched, typename C::Smem& smem, int cwg,
@@ -39,17 +41,19 @@ __device__ __forceinline__ void consume_cooperative(const typename C::Params& p,
   Tensor tCrB = thr.make_fragment_B(
       thr.partition_B(make_tensor(make_smem_ptr(smem.b), typename C::SmemLayoutB{})));
   typename Pipeline::PipelineState rs, fs;  // read and release positions in the ring
+  typename C::Epi::CoopState es{};
   for (int t = blockIdx.x;; t += gridDim.x) {
     const Tile tile = sched.get(t);
     if (!tile.valid) break;
     const int kbs = k_blocks<C>(p, tile);
     if (kbs == 0) {
-      C::Epi::template store_coop<C, true>(p, tile, 0, smem, cwg, ct);
+      C::Epi::template store_coop<C, true>(p, tile, 0, smem, cwg, ct, es);
       continue;
     }
+    C::Epi::template prefetch_coop<C>(p, tile, smem, cwg, ct, es);
     Tensor acc = partition_fragment_C(mma, Shape<Int<BM>, Int<BN>>{});
     mma_tile<C>(mma, tCrA, tCrB, acc, pipeline, rs, fs, kbs, [] {});
-    C::Epi::template store_coop<C, false>(p, tile, acc, smem, cwg, ct);
+    C::Epi::template store_coop<C, false>(p, tile, acc, smem, cwg, ct, es);
   }
   if (ct % 128 == 0) tma_store_wait<0>();  // stores read smem: drain before the CTA exits
 }

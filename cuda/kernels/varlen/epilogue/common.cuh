@@ -17,6 +17,9 @@
 //   store<C, kZeros>     a ping-pong warpgroup's tile to memory (kernel.cuh; kZeros: a tile
 //                        with no k-blocks, exact zeros)
 //   store_coop<C, kZeros> a cooperative warpgroup's 64 rows of the tile (where fits() allows)
+//   CoopState, prefetch_coop<C>  a cooperative warpgroup's state across tiles (store_coop's
+//                        last argument) and the hook before a tile's mainloop (default:
+//                        nothing)
 // Adding one: a value of Epilogue (device/types.h), <name>.h and <name>.cuh here, its block
 // in EpiArgs (args.h), its entries in a kernels/sm90_*_varlen_*.cu file (which includes
 // <name>.cuh), and the filling of its block from the request (epi_args, cuda/host/packed.cc).
@@ -52,11 +55,16 @@ struct EpilogueBase {
   static constexpr bool kLoadsB = false;
   template <class C>
   __device__ __forceinline__ static void init(Smem&) {}
+  struct CoopState {};
+  template <class C, class S>
+  __device__ __forceinline__ static void prefetch_coop(const typename C::Params&, const Tile&,
+                                                       typename C::Smem&, int, int, S&) {}
 };
 
 // The fused epilogues' configuration: varlen-M, ping-pong 128 x 128 (a warpgroup's tile is
 // 64 gate and 64 up columns for SwiGLU, B read as two 64-column halves, or 128 columns of p
-// for DGated); SwiGLU also runs cooperative 128 x 256 (swiglu.cuh).
+// for DGated); SwiGLU, and DGated on gathered rows, also run cooperative 128 x 256 (their
+// store_coop).
 template <class A>
 struct FusedEpilogue : EpilogueBase<A> {
   static constexpr bool fits(Mode mode, Schedule s, int bn) {

@@ -149,7 +149,7 @@ struct PlainEpi : EpilogueBase<PlainArgs> {
   template <class C, bool kZeros, class Acc>
   __device__ __forceinline__ static void store_coop(const typename C::Params& p, const Tile& tile,
                                                     const Acc& acc, typename C::Smem& smem, int cwg,
-                                                    int ct) {
+                                                    int ct, CoopState&) {
     unsigned char* tile_bytes = reinterpret_cast<unsigned char*>(smem.d);
     coop_wait(cwg, ct);
     if constexpr (kZeros) {

@@ -86,7 +86,7 @@ struct SwigluEpi : FusedEpilogue<SwigluArgs> {
   template <class C, bool kZeros, class Acc>
   __device__ __forceinline__ static void store_coop(const typename C::Params& p, const Tile& tile,
                                                     const Acc& acc, typename C::Smem& smem, int cwg,
-                                                    int ct) {
+                                                    int ct, CoopState&) {
     using T = typename C::T;
     static_assert(C::BN == 256 && !C::kPingPong, "store_coop: cooperative 128 x 256");
     constexpr int kChunk = C::BM * 128;  // bytes of a chunk buffer (BM rows of 128 bytes)
