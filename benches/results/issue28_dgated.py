@@ -15,6 +15,7 @@ import os
 import sys
 
 import torch
+from batch_timer import batch_ms
 from groupmm import _native
 
 SHAPES = {  # name: (T, k, E, D, F)
@@ -27,22 +28,6 @@ SHAPES = {  # name: (T, k, E, D, F)
     "qwen3_4k": (4096, 8, 128, 2048, 768),
     "mixep": (16384, 2, 4, 4096, 14336),  # one rank's Mixtral experts under EP = 2
 }
-
-
-def median_ms(f, reps=10):
-    for _ in range(3):
-        f()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(5):
-        a, b = torch.cuda.Event(True), torch.cuda.Event(True)
-        a.record()
-        for _ in range(reps):
-            f()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b) / reps)
-    return sorted(out)[2]
 
 
 tag, ops, names = sys.argv[1], sys.argv[2].split(","), sys.argv[3].split(",")
@@ -70,5 +55,5 @@ for name in names:
         torch.save(outs, os.environ["DG_SAVE"] + "_" + name + ".pt")
     row = dict(tag=tag, cfg=name, T=T, unit="ms", device=torch.cuda.get_device_name())
     for o in ops:
-        row[o] = median_ms(fn[o])
+        row[o] = batch_ms(fn[o], reps=10)
     print(json.dumps(row), flush=True)
