@@ -313,3 +313,17 @@ def outputs_in_fresh_process(module: str, env: dict, path) -> list:
         [sys.executable, "-c", code], check=True, env=dict(os.environ, **env), timeout=300
     )
     return torch.load(path)
+
+
+def ragged_routes(T: int, k: int, E: int, gen: torch.Generator, device="cuda"):
+    """``(offs, src)`` of a routed product over ``R = T*k`` rows for the kernel-configuration
+    tests: int32 group ends drawn from ``gen`` with an empty expert (``E // 2``), a one-row
+    one (expert 1) and 7 routed rows past ``offs[-1]``, and int32 ``src`` uniform over the
+    ``T`` tokens."""
+    R = T * k
+    counts = torch.randint(0, 2 * R // E + 1, (E,), generator=gen)
+    counts[E // 2] = 0
+    counts[1] = 1
+    offs = counts.cumsum(0).clamp(max=R - 7).to(device, torch.int32)
+    src = torch.randint(0, T, (R,), generator=gen).to(device, torch.int32)
+    return offs, src

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import HAS_CUDA, outputs_in_fresh_process
+from conftest import HAS_CUDA, outputs_in_fresh_process, ragged_routes
 
 pytestmark = pytest.mark.cuda
 
@@ -32,11 +32,7 @@ def _case(T, k, E, D, F, seed):
     g = torch.Generator().manual_seed(seed)
     dt = torch.bfloat16
     R = T * k
-    counts = torch.randint(0, 2 * R // E + 1, (E,), generator=g)
-    counts[E // 2] = 0
-    counts[1] = 1
-    offs = counts.cumsum(0).clamp(max=R - 7).to("cuda", torch.int32)
-    src = torch.randint(0, T, (R,), generator=g).to("cuda", torch.int32)
+    offs, src = ragged_routes(T, k, E, g)
     dy = torch.randn(T, D, generator=g).to("cuda", dt)
     w_out = (torch.randn(E, F, D, generator=g) / D**0.5).to("cuda", dt)
     pre = (2 * torch.randn(R, 2 * F, generator=g)).to("cuda", dt)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import HAS_CUDA, outputs_in_fresh_process
+from conftest import HAS_CUDA, outputs_in_fresh_process, ragged_routes
 
 pytestmark = pytest.mark.cuda
 
@@ -28,11 +28,7 @@ def _case(T, M, N, E, k, gathered_b, seed):
     g = torch.Generator().manual_seed(seed)
     dt = torch.bfloat16
     R = T * k
-    counts = torch.randint(0, 2 * R // E + 1, (E,), generator=g)
-    counts[E // 2] = 0
-    counts[1] = 1
-    offs = counts.cumsum(0).clamp(max=R - 7).to("cuda", torch.int32)
-    src = torch.randint(0, T, (R,), generator=g).to("cuda", torch.int32)
+    offs, src = ragged_routes(T, k, E, g)
     if gathered_b:
         a = torch.randn(R, M, generator=g).to("cuda", dt)
         b = torch.randn(T, N, generator=g).to("cuda", dt)
