@@ -22,13 +22,13 @@ from ._glue import Combine, Routes, dispatch, routes, take_rows
 def _exchange_rows(
     x: Tensor, out_splits: List[int], in_splits: List[int], group: Any, spare: bool
 ) -> Tensor:
-    """``all_to_all_single`` into a fresh buffer, with one zero row after the received
-    ones when ``spare`` (the row that the slots of absent pairs name)."""
+    """``all_to_all_single`` into a fresh buffer, with one zero row before the received
+    ones when ``spare`` (row 0, the row that the slots of absent pairs name)."""
     rows = sum(out_splits)
     out = x.new_empty((rows + int(spare), *x.shape[1:]))
     if spare:
-        out[rows:].zero_()
-    dist.all_to_all_single(out[:rows], x.contiguous(), out_splits, in_splits, group=group)
+        out[0].zero_()
+    dist.all_to_all_single(out[int(spare) :], x.contiguous(), out_splits, in_splits, group=group)
     return out
 
 
@@ -156,13 +156,15 @@ class TokenPlan(NamedTuple):
 
     send_tokens: Tensor
     """int32 ``[N]`` token of each row sent."""
+    send_ids: Tensor
+    """int32 ``[N, k]`` each sent row's chosen experts as the receiving rank's local ids
+    (``num_local`` for another rank's expert)."""
     slots: Tensor
-    """int32 ``[T, W]`` row sent of token ``t`` to rank ``w``, or ``N`` (a spare zero
-    row) when ``t`` has no expert there."""
+    """int32 ``[T, W]`` ``1 +`` the row sent of token ``t`` to rank ``w``, or ``0`` when
+    ``t`` has no expert there: row 0 of a returned buffer is a zero row
+    (:func:`_exchange_rows` with ``spare``)."""
     rank_of: Tensor
-    """int64 ``[T, k]`` rank of each chosen expert."""
-    per_rank: Tensor
-    """int64 ``[W]`` rows sent to each rank (``in_splits`` on the device)."""
+    """``[T, k]`` rank of each chosen expert."""
     in_splits: List[int]
     """Rows this rank sends to each rank."""
     out_splits: List[int]
@@ -173,42 +175,54 @@ class TokenPlan(NamedTuple):
 
 def plan_tokens(expert_ids: Tensor, num_local: int, group: Optional[Any] = None) -> TokenPlan:
     """:func:`plan` for one copy of each token per destination rank (collective; the one
-    host sync: the split sizes, the received copies and every rank's out-of-range flag)."""
+    host sync: the split sizes, the received copies and every rank's out-of-range flag).
+
+    Everything the rows sent need (their tokens, their local expert ids, each token's
+    slots) is queued before the host waits, in ``[W, T]`` order, and the sent rows are the
+    first ``N`` of it: after the sync only the exchanges remain (the ops after a host
+    sync are where the GPU waits for the host)."""
     world = dist.get_world_size(group)
-    experts = world * num_local
-    tokens = expert_ids.shape[0]
+    tokens, top_k = expert_ids.shape
     device = expert_ids.device
-    bad = ((expert_ids < 0) | (expert_ids >= experts)).any()
-    rank_of = torch.div(expert_ids.clamp(0, experts - 1), num_local, rounding_mode="floor")
-    needed = torch.zeros(tokens, world, dtype=torch.bool, device=device)
-    needed.scatter_(1, rank_of, True)
-    per_rank = needed.sum(0)  # tokens sent to each rank
-    flat = rank_of.reshape(-1)
-    copies = torch.zeros(world, dtype=per_rank.dtype, device=device)
-    copies.scatter_add_(0, flat, torch.ones_like(flat))
-    meta = torch.stack([per_rank, copies, bad.to(per_rank.dtype).expand(world)], dim=1)
+    ids = expert_ids.to(torch.int32)
+    # an id out of [0, E) has a rank out of [0, W): no hit, so the copies fall short
+    rank_of = torch.div(ids, num_local, rounding_mode="floor")
+    ranks = torch.arange(world, device=device, dtype=torch.int32).view(world, 1, 1)
+    hit = rank_of.unsqueeze(0) == ranks  # [W, T, k]
+    needed = hit.any(2)  # [W, T]
+    copies = hit.sum((1, 2))
+    missing = tokens * top_k - copies.sum()
+    meta = torch.stack([needed.sum(1), copies, missing.expand(world)], dim=1)
     recv = torch.empty_like(meta)
     dist.all_to_all_single(recv, meta, group=group)
-    # the rows' places, queued before the host waits: by rank, then by token (the scan
-    # along the last dimension of [W, T]: torch's scan along dim 0 of a [T, W] tensor
-    # took 2.6 ms for T = 16384, W = 4 on an H100)
-    starts = torch.cumsum(per_rank, 0) - per_rank
-    by_rank = needed.t().contiguous()
-    places = (torch.cumsum(by_rank, 1) - 1 + starts.unsqueeze(1)).t()  # [T, W]
+    # the rows' places, 1-based, by rank, then by token (0: no row)
+    place = torch.cumsum(needed.view(-1), 0).mul_(needed.view(-1))
+    slots = torch.empty(tokens, world, device=device, dtype=torch.int32)
+    slots.copy_(place.view(world, tokens).t())
+    # what each place sends: its token and its experts as the receiver's local ids; the
+    # pairs with no row all write place 0, which is never sent
+    send_tokens = torch.empty(world * tokens + 1, device=device, dtype=torch.int32)
+    token_ids = torch.arange(tokens, device=device, dtype=torch.int32)
+    send_tokens.index_copy_(0, place, token_ids.repeat(world))
+    local_ids = torch.where(hit, ids.unsqueeze(0) - ranks * num_local, num_local)
+    send_ids = local_ids.new_empty(world * tokens + 1, top_k)
+    send_ids.index_copy_(0, place, local_ids.view(world * tokens, top_k))
     # the host sync: all_to_all_single takes its split sizes as Python ints
-    host = torch.cat([per_rank, recv.reshape(-1)]).tolist()
+    host = torch.cat([meta[:, 0], recv.reshape(-1)]).tolist()
     in_splits = host[:world]
     out_splits = host[world::3]
     received_copies, flags = host[world + 1 :: 3], host[world + 2 :: 3]
     _raise_on_bad_ids(flags, world, num_local)
     sent = sum(in_splits)
-    slots = torch.where(needed, places, sent).to(torch.int32).contiguous()
-    token_ids = torch.arange(tokens, device=device, dtype=torch.int32)
-    send_tokens = torch.empty(sent + 1, device=device, dtype=torch.int32)
-    # every (t, w) pair writes its row; the pairs with no row all write the spare row N
-    send_tokens.scatter_(0, slots.reshape(-1).long(), token_ids.repeat_interleave(world))
-    copies_in = sum(received_copies)
-    return TokenPlan(send_tokens[:sent], slots, rank_of, per_rank, in_splits, out_splits, copies_in)
+    return TokenPlan(
+        send_tokens[1 : sent + 1],
+        send_ids[1 : sent + 1],
+        slots,
+        rank_of,
+        in_splits,
+        out_splits,
+        sum(received_copies),
+    )
 
 
 class _Send(torch.autograd.Function):
@@ -220,7 +234,7 @@ class _Send(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any, x: Tensor, weights: Optional[Tensor], p: TokenPlan, local: Tensor, group: Any
+        ctx: Any, x: Tensor, weights: Optional[Tensor], p: TokenPlan, num_local: int, group: Any
     ):
         ctx.plan, ctx.group = p, group
         ctx.weighted = weights is not None
@@ -229,8 +243,8 @@ class _Send(torch.autograd.Function):
         del sent
         if weights is None:
             return rows, None
-        w = weights.index_select(0, p.send_tokens)
-        w = torch.where(local, w, w.new_zeros(()))
+        # the weights of the receiver's experts; 0 for the others
+        w = weights.index_select(0, p.send_tokens).masked_fill_(p.send_ids == num_local, 0)
         return rows, _exchange_rows(w, p.out_splits, p.in_splits, group, False)
 
     @staticmethod
@@ -246,7 +260,7 @@ class _Send(torch.autograd.Function):
                 d_weights = d_rows.new_zeros(d_rows.shape[0], p.rank_of.shape[1])
             back_w = _exchange_rows(d_weights, p.in_splits, p.out_splits, group, True)
             # weight (t, j) rode on the row sent to rank_of[t, j]: column j of that row
-            row = p.slots.long().gather(1, p.rank_of)
+            row = p.slots.long().gather(1, p.rank_of.long())
             dw = back_w.gather(0, row).gather(1, _columns(row))
         return dx, dw, None, None, None
 

@@ -83,8 +83,8 @@ def _local_routes(ids: Tensor, num_local: int, copies: int) -> Tuple[Tensor, Ten
     bounds = torch.arange(num_local, device=ids.device, dtype=torch.int32)
     offs = torch.searchsorted(keys, bounds, right=True, out_int32=True)
     spare = int(received * top_k > copies)  # slots of other ranks' experts
-    src = torch.zeros(copies + spare, device=ids.device, dtype=torch.int32)
-    src[:copies] = torch.div(order[:copies], top_k, rounding_mode="floor")
+    # the spare position's row is the first such slot's (any row: it computes nothing)
+    src = torch.div(order[: copies + spare], top_k, rounding_mode="floor").to(torch.int32)
     positions = torch.arange(order.shape[0], device=ids.device, dtype=torch.int32)
     inverse = torch.empty_like(positions).scatter_(0, order, positions).clamp_(max=copies)
     return offs, src, inverse.view(received, top_k)
@@ -130,16 +130,9 @@ def expert_parallel_block(
     num_local = w_in.shape[0]
     _check_expert_count(x, w_in, w_out, num_local, "x", "w_in")
     p = plan_tokens(expert_ids, num_local, group)
-    # each sent row's chosen experts as the receiving rank's local ids (num_local for
-    # another rank's expert), sent beside the rows
-    ids = expert_ids.index_select(0, p.send_tokens)
-    ranks = torch.arange(len(p.in_splits), device=x.device)
-    owner = torch.repeat_interleave(ranks, p.per_rank, output_size=p.send_tokens.shape[0])
-    ids = ids - (owner * num_local).unsqueeze(1)
-    local = (ids >= 0) & (ids < num_local)
-    ids = torch.where(local, ids, num_local).to(torch.int32)
-    rows, w = _Send.apply(x, weights, p, local, group)
-    recv_ids = _exchange_rows(ids, p.out_splits, p.in_splits, group, False)
+    rows, w = _Send.apply(x, weights, p, num_local, group)
+    # each row's chosen experts as this rank's local ids (num_local: another rank's)
+    recv_ids = _exchange_rows(p.send_ids, p.out_splits, p.in_splits, group, False)
     offs, src, inverse = _local_routes(recv_ids, num_local, p.copies)
     y = _block(rows, w_in, w_out, offs, src, inverse, w)
     return _Return.apply(y, p, group)
