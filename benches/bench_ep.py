@@ -120,9 +120,9 @@ left out of the row on every rank and the row says why; a rank that fails inside
 collective later leaves the others waiting, and the process group's timeout
 (``--timeout-s``, 120 s) ends the run (the JSON keeps the rows measured before).
 
-Overlap (chunked dispatch) is not offered: overlapping one chunk's exchange with another's
-experts needs asynchronous exchanges in both passes (its own autograd), i.e. a change in
-the library, not in this bench.
+Overlap (chunked dispatch) is not offered: benches/ep_overlap.py measured that an
+exchange issued under an expert GEMM takes as long as the two in turn (the products are
+persistent kernels), so the library does not chunk the dispatch (docs/expert_parallel.md).
 
 Code: one row on every rank in benches/ep_run.py, the split in benches/ep_split.py, rows
 and markdown in benches/ep_report.py, torchtitan's adapter in benches/peer_torchtitan.py,

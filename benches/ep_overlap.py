@@ -1,0 +1,209 @@
+"""Can the exchanges of expert parallelism overlap the expert GEMMs? The measurement behind
+issue 30's decision not to chunk the EP dispatch (docs/expert_parallel.md, "Overlap").
+
+    NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc-per-node W benches/ep_overlap.py \\
+        [--configs mixtral,qwen3-30b-a3b] [--tokens-per-gpu 16384] [--samples 15] \\
+        [--json OUT.json] [--md OUT.md]
+    python3 benches/ep_overlap.py --from-json OUT.json [--md OUT.md]   # render; no GPU
+
+A chunked EP step hides an exchange only if an ``all_to_all_single`` and an expert GEMM run
+at the same time. Per config, on every rank: one expert product of an EP rank's received
+rows (``[R, d] x [E/W, d, N]``: R the rows one rank receives under uniform top-k routing
+with one copy per (token, rank), N = 2 d_ff, the gate-up product) and the all_to_all of
+those rows (each rank sends its copies; equal splits), timed as
+
+- ``gemm``: the product alone; ``a2a``: the exchange alone;
+- ``serial``: the exchange, then the product (what the EP step does);
+- ``overlap``: the exchange issued asynchronously (``async_op=True``: NCCL's stream), the
+  product on the compute stream, then the wait: the best case of a chunked pipeline, where
+  a chunk's exchange runs under another chunk's product;
+- ``ideal``: ``max(gemm, a2a)``, what a perfect overlap would give.
+
+for groupmm's product (``groupmm.grouped_mm``) and torch's (``F.grouped_mm``), in the same
+run. Each sample: ``torch.cuda.synchronize`` and a barrier, then CUDA events around one
+call; the variants take turns (round-robin), ``--samples`` rounds after 3 warm-up rounds;
+the median over rounds of the slowest rank's sample. Keep NVLink multicast off
+(``NCCL_NVLS_ENABLE=0``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import statistics
+import sys
+
+import groupmm
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from cli import comma_list, line_buffered_stdout, parser  # benches/cli.py, same folder
+from moe_configs import CONFIGS  # benches/moe_configs.py, same folder
+from report import started  # benches/report.py, same folder
+
+VARIANTS = ("gemm", "a2a", "serial", "overlap")
+
+
+def parse_args(argv=None):
+    p = parser(__doc__)
+    p.add_argument("--configs", default="mixtral,qwen3-30b-a3b", help="comma list")
+    p.add_argument("--tokens-per-gpu", type=int, default=16384)
+    p.add_argument("--samples", type=int, default=15, help="round-robin rounds")
+    p.add_argument("--json", help="results (rank 0)")
+    p.add_argument("--md", help="the table in markdown (rank 0)")
+    p.add_argument("--from-json", help="render a result file; no GPU, no torchrun")
+    return p.parse_args(argv)
+
+
+def received_rows(T: int, E: int, k: int, W: int, gen: torch.Generator) -> int:
+    """Rows one rank sends (and, on average, receives) with one copy per (token, rank)
+    under uniform top-k routing (k distinct experts), rounded to a multiple of W."""
+    ids = torch.rand(T, E, generator=gen).topk(k, dim=1).indices
+    ranks = ids // (E // W)
+    needed = torch.zeros(T, W, dtype=torch.bool).scatter_(1, ranks, True)
+    return int(needed.sum()) // W * W
+
+
+def timed(fn, dev) -> float:
+    torch.cuda.synchronize(dev)
+    dist.barrier()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    fn()
+    b.record()
+    torch.cuda.synchronize(dev)
+    return a.elapsed_time(b)
+
+
+def run_config(name: str, T: int, samples: int, dev, W: int) -> dict:
+    d, f, E, k = CONFIGS[name]
+    rows = received_rows(T, E, k, W, torch.Generator().manual_seed(0))
+    groups = E // W
+    x = torch.randn(rows, d, device=dev, dtype=torch.bfloat16)
+    w = torch.randn(groups, d, 2 * f, device=dev, dtype=torch.bfloat16) * d**-0.5
+    offs = (torch.arange(1, groups + 1, device=dev) * rows // groups).to(torch.int32)
+    send = torch.randn(rows, d, device=dev, dtype=torch.bfloat16)
+    recv = torch.empty_like(send)
+
+    def a2a(async_op=False):
+        return dist.all_to_all_single(recv, send, async_op=async_op)
+
+    out = {"config": name, "d_model": d, "d_ff": f, "experts": E, "top_k": k, "rows": rows}
+    out["a2a_mb_per_rank"] = send.numel() * send.element_size() / 1e6
+    for impl, gemm in (
+        ("groupmm", lambda: groupmm.grouped_mm(x, w, offs=offs)),
+        ("torch", lambda: F.grouped_mm(x, w, offs=offs)),
+    ):
+
+        def overlap(gemm=gemm):
+            work = a2a(True)
+            gemm()
+            work.wait()
+
+        fns = {"gemm": gemm, "a2a": a2a, "serial": lambda gemm=gemm: (a2a(), gemm())}
+        fns["overlap"] = overlap
+        got = {v: [] for v in VARIANTS}
+        for r in range(3 + samples):
+            order = VARIANTS[r % len(VARIANTS) :] + VARIANTS[: r % len(VARIANTS)]
+            for v in order:
+                ms = timed(fns[v], dev)
+                slowest = torch.tensor([ms], device=dev)
+                dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+                if r >= 3:
+                    got[v].append(float(slowest))
+        med = {v: statistics.median(s) for v, s in got.items()}
+        med["ideal"] = max(med["gemm"], med["a2a"])
+        out[impl] = {"median_ms": med, "samples_ms": got}
+    return out
+
+
+def render_md(doc: dict) -> str:
+    lines = [
+        f"**device {doc['device']} x {doc['world']} (nccl); torch {doc['torch']}; bfloat16; "
+        f"{doc['tokens_per_gpu']} tokens per GPU**",
+        "",
+        "```bash",
+        doc["argv"],
+        "```",
+        "",
+        "| config (d, d_ff, E, k) | rows per rank | a2a MB per rank | product | gemm ms | "
+        "a2a ms | serial ms | overlap ms | ideal ms | overlap / serial |",
+        "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for row in doc["rows"]:
+        cfg = f"{row['config']} ({row['d_model']}, {row['d_ff']}, {row['experts']}, {row['top_k']})"
+        for impl in ("groupmm", "torch"):
+            m = row[impl]["median_ms"]
+            lines.append(
+                f"| {cfg} | {row['rows']} | {row['a2a_mb_per_rank']:.0f} | {impl} | "
+                f"{m['gemm']:.3f} | {m['a2a']:.3f} | {m['serial']:.3f} | {m['overlap']:.3f} | "
+                f"{m['ideal']:.3f} | {m['overlap'] / m['serial']:.3f} |"
+            )
+    lines += [
+        "",
+        "median over rounds of the slowest rank's time; serial: the exchange then the product; "
+        "overlap: the exchange on NCCL's stream (async_op=True) under the product; ideal: "
+        "max(gemm, a2a).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    line_buffered_stdout()
+    args = parse_args(argv)
+    if args.from_json:
+        with open(args.from_json) as fh:
+            md = render_md(json.load(fh))
+        print(md)
+        if args.md:
+            with open(args.md, "w") as fh:
+                fh.write(md)
+        return 0
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local)
+    dev = torch.device("cuda", local)
+    dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=120), device_id=dev)
+    rank, W = dist.get_rank(), dist.get_world_size()
+    doc = {
+        "schema": "ep-overlap-1",
+        "argv": " ".join(
+            [f"torchrun --standalone --nproc-per-node {W} benches/ep_overlap.py", *sys.argv[1:]]
+        ),
+        "started": started(),
+        "device": torch.cuda.get_device_name(dev),
+        "world": W,
+        "torch": torch.__version__,
+        "nccl_nvls_enable": os.environ.get("NCCL_NVLS_ENABLE"),
+        "tokens_per_gpu": args.tokens_per_gpu,
+        "groupmm": groupmm.build_info(),
+        "rows": [],
+    }
+    for name in comma_list(args.configs):
+        if name not in CONFIGS:
+            raise SystemExit(f"unknown config {name!r}; known: {', '.join(CONFIGS)}")
+        row = run_config(name, args.tokens_per_gpu, args.samples, dev, W)
+        doc["rows"].append(row)
+        if rank == 0:
+            for impl in ("groupmm", "torch"):
+                m = row[impl]["median_ms"]
+                print(
+                    f"{name} W={W} {impl}: gemm {m['gemm']:.3f} a2a {m['a2a']:.3f} "
+                    f"serial {m['serial']:.3f} overlap {m['overlap']:.3f} ideal {m['ideal']:.3f}"
+                )
+            if args.json:
+                with open(args.json, "w") as fh:
+                    json.dump(doc, fh, indent=1)
+    if rank == 0:
+        md = render_md(doc)
+        print(md)
+        if args.md:
+            with open(args.md, "w") as fh:
+                fh.write(md)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
