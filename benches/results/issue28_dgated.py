@@ -15,7 +15,7 @@ import os
 import sys
 
 import torch
-from batch_timer import batch_ms
+from batch_timer import batch_ms, uniform_routes
 from groupmm import _native
 
 SHAPES = {  # name: (T, k, E, D, F)
@@ -36,12 +36,7 @@ for name in names:
     g = torch.Generator(device="cuda").manual_seed(0)
     d_out = torch.randn(T, D, device="cuda", dtype=torch.bfloat16, generator=g)
     w_out = torch.randn(E, F, D, device="cuda", dtype=torch.bfloat16, generator=g) / math.sqrt(F)
-    expert = torch.stack(
-        [torch.randperm(E, device="cuda", generator=g)[:k] for _ in range(T)]
-    ).flatten()
-    order = torch.argsort(expert, stable=True)
-    src = (order // k).to(torch.int32)
-    offs = torch.bincount(expert, minlength=E).cumsum(0).to(torch.int32)
+    src, offs = uniform_routes(T, k, E, g, "cuda")
     R = T * k
     pre = torch.randn(R, 2 * F, device="cuda", dtype=torch.bfloat16, generator=g)
     scale = torch.rand(R, device="cuda", dtype=torch.float32, generator=g)

@@ -10,7 +10,7 @@ import sys
 
 import groupmm
 import torch
-from batch_timer import batch_ms
+from batch_timer import batch_ms, uniform_routes
 from groupmm import _native
 
 CFG = {
@@ -34,12 +34,7 @@ for name in names:
     x = torch.randn(T, D, device="cuda", dtype=torch.bfloat16, generator=g)
     w_in = torch.randn(E, D, 2 * F, device="cuda", dtype=torch.bfloat16, generator=g) / math.sqrt(D)
     w_out = torch.randn(E, F, D, device="cuda", dtype=torch.bfloat16, generator=g) / math.sqrt(F)
-    expert = torch.stack(
-        [torch.randperm(E, device="cuda", generator=g)[:k] for _ in range(T)]
-    ).flatten()
-    order = torch.argsort(expert, stable=True)
-    src = (order // k).to(torch.int32)
-    offs = torch.bincount(expert, minlength=E).cumsum(0).to(torch.int32)
+    src, offs = uniform_routes(T, k, E, g, "cuda")
     R = T * k
     d_out = torch.randn(T, D, device="cuda", dtype=torch.bfloat16, generator=g)
     d_pre = torch.randn(R, 2 * F, device="cuda", dtype=torch.bfloat16, generator=g)

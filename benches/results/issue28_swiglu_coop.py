@@ -8,7 +8,7 @@ import math
 import sys
 
 import torch
-from batch_timer import batch_ms
+from batch_timer import batch_ms, uniform_routes
 from groupmm import _native
 
 mode, tag = sys.argv[1], sys.argv[2]
@@ -120,12 +120,7 @@ else:
         w_in = torch.randn(E, D, 2 * F, device=dev, dtype=torch.bfloat16, generator=g) / math.sqrt(
             D
         )
-        expert = torch.stack(
-            [torch.randperm(E, device=dev, generator=g)[:k] for _ in range(T)]
-        ).flatten()
-        order = torch.argsort(expert, stable=True)
-        src = (order // k).to(torch.int32)
-        offs = torch.bincount(expert, minlength=E).cumsum(0).to(torch.int32)
+        src, offs = uniform_routes(T, k, E, g, dev)
         xs = x.index_select(0, src)
         tg = batch_ms(lambda: _native.swiglu_mm(x, w_in, offs, src))
         tp = batch_ms(lambda: _native.swiglu_mm(xs, w_in, offs, None))
