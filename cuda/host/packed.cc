@@ -38,6 +38,7 @@ varlen::EpiArgs epi_args(const Fusion& f) {
     case Epilogue::SwiGLU: {
       varlen::SwigluArgs e;
       e.act = reinterpret_cast<void*>(f.act);
+      e.up = reinterpret_cast<const void*>(f.up);
       return e;
     }
     case Epilogue::DGated: {

@@ -29,16 +29,26 @@ from ._library import column_major, direct, op
 # --------------------------------------------------------------------------- the fused parts
 
 
-def _swiglu_mm(x: Tensor, w: Tensor, offs: Tensor, src: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+def _swiglu_mm(
+    x: Tensor, w: Tensor, offs: Tensor, src: Optional[Tensor], up: Optional[Tensor] = None
+) -> Tuple[Tensor, Tensor]:
     """``(pre, act)``: ``pre = x[src] @ w[g]`` (``[R, 2F]``, ``[gate | up]``; ``x @ w[g]``
-    without ``src``) and ``act = silu(gate) * up`` (``[R, F]``). One native call where a
-    fused kernel runs (``_native.swiglu_mm``), else the gathered product and the row op.
-    Real tensors only (op implementations)."""
-    got = _native.swiglu_mm(x, w, offs, src)
+    without ``src``; with ``up``, ``w`` is the gate ``[E, D, F]`` and ``pre = x[src] @
+    [w[g] | up[g]]``) and ``act = silu(gate) * up`` (``[R, F]``). One native call where a
+    fused kernel runs (``_native.swiglu_mm``: the two weights read as two operands), else
+    the gathered products and the row op. Real tensors only (op implementations)."""
+    got = _native.swiglu_mm(x, w, offs, src, up)
     if got is not None:
         return got
-    pre = grouped_mm(x, w, offs=offs) if src is None else _native.gather_mm(x, w, offs, src)
+    pre = _gathered_mm(x, w, offs, src)
+    if up is not None:
+        pre = torch.cat([pre, _gathered_mm(x, up, offs, src)], 1)
     return pre, _rows.swiglu(pre)
+
+
+def _gathered_mm(x: Tensor, w: Tensor, offs: Tensor, src: Optional[Tensor]) -> Tensor:
+    """``x[src] @ w[g]`` per group (``x @ w[g]`` without ``src``)."""
+    return grouped_mm(x, w, offs=offs) if src is None else _native.gather_mm(x, w, offs, src)
 
 
 def _dgated_mm(
@@ -170,12 +180,20 @@ def reads_in_gemm(t: Tensor) -> bool:
     """Whether the products on ``t``'s device and dtype read routed rows through ``src``
     inside their GEMMs (``_native.gathers_in_gemm``: Hopper, 16-bit, unless
     ``GROUPMM_SM90_GATHER=0``), so that no ``[R, ·]`` copy of the rows is made for them."""
-    if t.device.type != "cuda":
+    device = t.device
+    return gathers_in_gemm(device.type, device.index, t.dtype)
+
+
+def gathers_in_gemm(kind: str, index: Optional[int], dtype: torch.dtype) -> bool:
+    """:func:`reads_in_gemm` on a device kind, index and dtype. The extension's answer is
+    a constant of the device and dtype: ``torch.compile`` (compiled autograd included)
+    takes it once, at trace time, instead of tracing the call."""
+    if kind != "cuda":
         return False
-    index = t.device.index
-    return _gathers_in_gemm(torch.cuda.current_device() if index is None else index, str(t.dtype))
+    return _gathers_in_gemm(0 if index is None else index, str(dtype))
 
 
+@torch.compiler.assume_constant_result
 @functools.cache
 def _gathers_in_gemm(device: int, dtype: str) -> bool:
     try:
@@ -226,24 +244,68 @@ def _up_grads(
     inverse: Optional[Tensor],
     need_x: bool,
     need_w: bool,
-) -> Tuple[Optional[Tensor], Optional[Tensor]]:
-    """``(dx, dw)`` of ``pre = x[src] @ w[g]`` from ``d_pre``: each token's ``k`` rows of
-    ``d_pre·wᵀ`` summed through ``inverse`` (the ``[R, D]`` product freed before ``dw``
-    is made); ``x[src]ᵀ·d_pre`` with the rows of ``x`` read through ``src``
-    (:func:`_gather_k_mm`), or, while autograd records a graph, gathered by torch ops."""
-    dx = dw = None
+    up: Optional[Tensor] = None,
+    need_up: bool = False,
+) -> Tuple[Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
+    """``(dx, dw, dup)`` of ``pre = x[src] @ w[g]`` (``x[src] @ [w[g] | up[g]]`` with
+    ``up``) from ``d_pre``: each token's ``k`` rows of ``d_pre·wᵀ`` summed through
+    ``inverse`` (the ``[R, D]`` product freed before ``dw`` is made); ``x[src]ᵀ·d_pre``
+    (each weight's from its half of ``d_pre``) with the rows of ``x`` read through
+    ``src`` (:func:`_gather_k_mm`), or, while autograd records a graph, gathered by torch
+    ops."""
+    dx = dw = dup = None
     if need_x:
-        dx = grouped_mm(d_pre, w.transpose(-2, -1), offs=offs)
-        if src is not None:  # with src, inverse too (fused._block)
-            dx = sum_copies(dx, cast(Tensor, inverse))
-    if need_w:
-        if src is None:  # x's rows are the routed rows
-            dw = _weight_grad(x, d_pre, offs, w)
-        elif _rows.differentiable(d_pre, x):
-            dw = _weight_grad(x.index_select(0, src), d_pre, offs, w)
+        dx = _input_grad(d_pre, w, up, offs, src, inverse)
+    parts = [(w, need_w)] if up is None else [(w, need_w), (up, need_up)]
+    width = d_pre.shape[1] // len(parts)
+    grads: List[Optional[Tensor]] = []
+    for i, (weight, need) in enumerate(parts):
+        grad = d_pre if up is None else d_pre[:, i * width : (i + 1) * width]
+        if not need:
+            grads.append(None)
+        elif src is None:  # x's rows are the routed rows
+            grads.append(_weight_grad(x, grad, offs, weight))
+        elif _rows.differentiable(grad, x):
+            grads.append(_weight_grad(x.index_select(0, src), grad, offs, weight))
         else:
-            dw = _gather_k(x, d_pre, offs, src, False, column_major(w))
-    return dx, dw
+            grads.append(_gather_k(x, grad, offs, src, False, column_major(weight)))
+    dw = grads[0]
+    if up is not None:
+        dup = grads[1]
+    return dx, dw, dup
+
+
+def _input_grad(
+    d_pre: Tensor,
+    w: Tensor,
+    up: Optional[Tensor],
+    offs: Tensor,
+    src: Optional[Tensor],
+    inverse: Optional[Tensor],
+) -> Tensor:
+    """``d_pre·wᵀ`` (``d_pre·[w | up]ᵀ`` with ``up``), each token's ``k`` rows summed
+    through ``inverse`` when ``src`` is given. With ``up`` the two halves of ``d_pre`` are
+    two products written into one ``[2R, D]`` buffer, summed with the token's ``2k`` rows
+    in the same one pass (one more ``[R, D]`` written and read than one product over
+    ``[w | up]`` would need, instead of a concatenated copy of the weights)."""
+    if up is None:
+        dx = grouped_mm(d_pre, w.transpose(-2, -1), offs=offs)
+        return dx if src is None else sum_copies(dx, cast(Tensor, inverse))
+    rows, width = d_pre.shape[0], d_pre.shape[1] // 2
+    halves = (d_pre[:, :width], d_pre[:, width:])
+    if _rows.differentiable(d_pre, w, up) or not direct(d_pre, w, up):
+        # recorded (double backward) or traced (the compiler plans the memory; an out=
+        # view of a buffer of data-dependent rows would need a guard): two products
+        parts = [grouped_mm(h, t.transpose(-2, -1), offs=offs) for h, t in zip(halves, (w, up))]
+        both = torch.cat(parts)
+    else:
+        both = d_pre.new_empty(2 * rows, w.shape[1])
+        for i, (h, t) in enumerate(zip(halves, (w, up))):
+            grouped_mm(h, t.transpose(-2, -1), offs=offs, out=both[i * rows : (i + 1) * rows])
+    if src is None:
+        return both[:rows] + both[rows:]
+    index = cast(Tensor, inverse)
+    return sum_copies(both, torch.cat([index, index + rows], 1))
 
 
 # --------------------------------------------------------------------------- swiglu_up
@@ -251,21 +313,28 @@ def _up_grads(
 
 @torch.library.custom_op("groupmm::swiglu_up", mutates_args=())
 def _swiglu_up(
-    x: Tensor, w_in: Tensor, offs: Tensor, src: Optional[Tensor], inverse: Optional[Tensor]
+    x: Tensor,
+    w_in: Tensor,
+    offs: Tensor,
+    src: Optional[Tensor],
+    inverse: Optional[Tensor],
+    up: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
-    return _swiglu_mm(x, w_in, offs, src)
+    return _swiglu_mm(x, w_in, offs, src, up)
 
 
 @_swiglu_up.register_fake
-def _swiglu_up_fake(x, w_in, offs, src, inverse):
-    rows, width = (x if src is None else src).shape[0], w_in.shape[-1]
+def _swiglu_up_fake(x, w_in, offs, src, inverse, up=None):
+    rows = (x if src is None else src).shape[0]
+    width = w_in.shape[-1] * (1 if up is None else 2)
     return x.new_empty(rows, width), x.new_empty(rows, width // 2)
 
 
 def _swiglu_up_setup(ctx, inputs, output):
-    x, w_in, offs, src, inverse = inputs
+    x, w_in, offs, src, inverse = inputs[:5]
+    up = inputs[5] if len(inputs) > 5 else None
     # not pre: gated_down keeps it and drops it after its backward, before this one runs
-    ctx.save_for_backward(x, w_in, offs, src, inverse)
+    ctx.save_for_backward(x, w_in, offs, src, inverse, up)
     # act: a cache of silu(gate)*up of pre; gated_down's backward returns pre's whole
     # gradient, the path through act included
     ctx.mark_non_differentiable(output[1])
@@ -273,12 +342,14 @@ def _swiglu_up_setup(ctx, inputs, output):
 
 
 def _swiglu_up_grad(ctx, d_pre, d_act):
-    x, w_in, offs, src, inverse = ctx.saved_tensors
+    x, w_in, offs, src, inverse, up = ctx.saved_tensors
+    need = ctx.needs_input_grad  # up's entry only when it was passed
+    none = (None,) * len(need)
     if d_pre is None:
-        return None, None, None, None, None
-    need_x, need_w_in = ctx.needs_input_grad[:2]
-    dx, dw_in = _up_grads(d_pre, x, w_in, offs, src, inverse, need_x, need_w_in)
-    return dx, dw_in, None, None, None
+        return none
+    need_up = len(need) > 5 and need[5]
+    dx, dw_in, dup = _up_grads(d_pre, x, w_in, offs, src, inverse, need[0], need[1], up, need_up)
+    return (dx, dw_in, None, None, None, dup)[: len(need)]
 
 
 _swiglu_up.register_autograd(_swiglu_up_grad, setup_context=_swiglu_up_setup)
@@ -390,9 +461,9 @@ class _SwigluUpFn(torch.autograd.Function):
     time above its GPU time. Compiled and traced calls take the op (``fused._block``)."""
 
     @staticmethod
-    def forward(ctx, x, w_in, offs, src, inverse):
-        out = _swiglu_mm(x, w_in, offs, src)
-        _swiglu_up_setup(ctx, (x, w_in, offs, src, inverse), out)
+    def forward(ctx, x, w_in, offs, src, inverse, up=None):
+        out = _swiglu_mm(x, w_in, offs, src, up)
+        _swiglu_up_setup(ctx, (x, w_in, offs, src, inverse, up), out)
         return out
 
     @staticmethod

@@ -195,7 +195,7 @@ def gather_k_mm(
 # grouped_mm.
 
 def swiglu_mm(
-    x: _Rows, w: _Rows, offs: _Rows, src: Optional[_Rows] = None
+    x: _Rows, w: _Rows, offs: _Rows, src: Optional[_Rows] = None, up: Optional[_Rows] = None
 ) -> Optional[Tuple[_Rows, _Rows]]:
     """The up projection and SwiGLU of a routed expert block: ``(pre, act)`` with
     ``pre[r] = x[src[r]] @ w[g]`` (``[R, 2F]``, ``[gate | up]``) for the rows ``r`` of
@@ -207,8 +207,11 @@ def swiglu_mm(
     and are reported at the next call), absent: ``R = T``, the rows of ``x`` in order. The
     rows are read through ``src`` inside the GEMM where a kernel does (on Hopper unless
     ``GROUPMM_SM90_GATHER=0``), else gathered first as :func:`gather_mm` does.
-    ValueError for an odd ``w.shape[-1]`` or shapes that do not fit, TypeError and
-    RuntimeError for dtypes and devices unlike ``x``'s."""
+    With ``up`` (``[E, K, F]``, ``w``'s shape): ``w`` is the gate's weights and ``up`` the
+    up projection's, read as two operands (``pre[r] = x[src[r]] @ [w[g] | up[g]]``, no
+    concatenated copy); None also where ``up``'s strides differ from ``w``'s.
+    ValueError for an odd ``w.shape[-1]`` (without ``up``) or shapes that do not fit,
+    TypeError and RuntimeError for dtypes and devices unlike ``x``'s."""
 
 def dgated_mm(
     dy: _Rows,

@@ -20,7 +20,6 @@ Eager calls on plain tensors go to the extension directly (no dispatcher round t
 """
 
 # NB: no ``from __future__ import annotations``: torch.library reads the annotations.
-import functools
 from typing import Optional
 
 import torch
@@ -38,6 +37,7 @@ __all__ = [
     "swiglu_backward",
     "topk_ids",
     "topk_ids_applies",
+    "topk_ids_takes",
 ]
 
 #: the widest rows :func:`topk_ids` takes on CUDA (one warp holds a row: 32 values a
@@ -128,21 +128,29 @@ def _topk_ids_fake(scores, k):
     return scores.new_empty(scores.shape[0], k, dtype=torch.int64)
 
 
-@functools.cache
-def _cuda_build() -> bool:
-    return bool(_native.build_info()["cuda"])
+#: whether this build holds the CUDA kernels: read once, at import, so that the router's
+#: choice below is a constant to ``torch.compile`` (a call into the extension on the
+#: traced path would be a graph break, or an error under ``fullgraph=True``)
+CUDA_BUILD: bool = bool(_native.build_info()["cuda"])
 
 
 def topk_ids_applies(scores: Tensor) -> bool:
     """Whether :func:`topk_ids` takes ``scores``: a 2-D tensor of a float dtype on the CPU,
     or on CUDA in a build with CUDA and rows of at most :data:`TOPK_CUDA_MAX_COLS`. Where
     it does not, the router uses ``torch.topk`` (the same ids on rows without ties)."""
-    if scores.dim() != 2 or scores.dtype not in TOPK_DTYPES:
+    return topk_ids_takes(scores.device.type, scores.dtype, scores.dim(), scores.shape[-1])
+
+
+def topk_ids_takes(kind: str, dtype: torch.dtype, dims: int, cols) -> bool:
+    """:func:`topk_ids_applies` on the tensor's device kind, dtype, dimensions and row
+    width: module constants and these alone, so ``torch.compile`` traces it for every
+    device (a call into the extension here would break ``fullgraph=True`` on that
+    device only)."""
+    if dims != 2 or dtype not in TOPK_DTYPES:
         return False
-    kind = scores.device.type
     if kind == "cpu":
         return True
-    return kind == "cuda" and _cuda_build() and scores.shape[1] <= TOPK_CUDA_MAX_COLS
+    return kind == "cuda" and CUDA_BUILD and cols <= TOPK_CUDA_MAX_COLS
 
 
 swiglu = op("swiglu", _swiglu, _swiglu_fake)

@@ -84,7 +84,7 @@ through ``inverse``. The glue formulas (``sum_copies``, ``combine`` and its back
 """
 
 # NB: no ``from __future__ import annotations``: torch.library reads the annotations.
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -110,35 +110,69 @@ __all__ = ["expert_block", "expert_down", "expert_up", "row_scaled_mm", "swiglu_
 # --------------------------------------------------------------------------- checks
 
 
-def _check_experts(x: Tensor, w_in: Tensor, w_out: Tensor) -> None:
-    """The ranks of ``x``, ``w_in`` and ``w_out`` and ``w_in``'s even width."""
-    check.dims("x", x, 2, "[T, D]")
-    check.dims("w_in", w_in, 3, "[E, D, 2F]")
-    check.dims("w_out", w_out, 3, "[E, F, D]")
+#: ``w_in`` of the block: ``[E, D, 2F]`` (gate ``[:F]``, up ``[F:]``), or the pair
+#: ``(gate, up)`` of two ``[E, D, F]`` weights (torchtitan's ``w1``/``w3``, Mixtral-style
+#: ``gate_proj``/``up_proj`` checkpoints), read as they are: never concatenated
+GateUp = Union[Tensor, Tuple[Tensor, Tensor]]
+
+
+def gate_up(w_in: GateUp) -> Tuple[Tensor, Optional[Tensor]]:
+    """``(w, up)``: ``(w_in, None)`` for one ``[E, D, 2F]`` weight, ``(gate, up)`` for a
+    pair. Checks the ranks and the pair's agreement (names ``w_in[0]``, ``w_in[1]``)."""
+    if isinstance(w_in, (tuple, list)):
+        if len(w_in) != 2:
+            raise ValueError(f"w_in: expected a pair (gate, up), found {len(w_in)} tensors")
+        gate, up = w_in
+        check.dims("w_in[0]", gate, 3, "[E, D, F] (the gate)")
+        check.dims("w_in[1]", up, 3, "[E, D, F] (the up projection)")
+        check.same_shape("w_in[1]", up, "w_in[0]", gate)
+        check.dtype("w_in[1]", up, gate.dtype, "w_in[0]")
+        check.device("w_in[1]", up, gate.device, "w_in[0]")
+        return gate, up
+    check.dims("w_in", w_in, 3, "[E, D, 2F] (or a pair of [E, D, F])")
     _check_gate_up("w_in", w_in)
+    return w_in, None
+
+
+def _width(w: Tensor, up: Optional[Tensor]) -> int:
+    """``F``: the SwiGLU's width."""
+    return w.shape[2] if up is not None else w.shape[2] // 2
+
+
+def _check_experts(x: Tensor, w_in: GateUp, w_out: Tensor) -> Tuple[Tensor, Optional[Tensor]]:
+    """The ranks of ``x``, ``w_in`` and ``w_out`` and ``w_in``'s even width (or pair):
+    :func:`gate_up` of ``w_in``."""
+    check.dims("x", x, 2, "[T, D]")
+    w, up = gate_up(w_in)
+    check.dims("w_out", w_out, 3, "[E, F, D]")
+    return w, up
 
 
 def _check_expert_count(
     x: Tensor,
-    w_in: Tensor,
+    w: Tensor,
+    up: Optional[Tensor],
     w_out: Tensor,
     experts: int,
     x_name: str = "x",
     experts_of: str = "offs",
 ) -> None:
-    """``w_in [E, D, 2F]`` and ``w_out [E, F, D]`` with ``E = experts`` (the length of
-    ``experts_of``) and ``D`` the width of ``x`` (called ``x_name``), in ``x``'s dtype and
-    on its device (checked here, so that the native rules never name them "w" and "b")."""
+    """``w_in [E, D, 2F]`` (or ``w`` and ``up``, ``[E, D, F]`` each) and ``w_out [E, F,
+    D]`` with ``E = experts`` (the length of ``experts_of``) and ``D`` the width of ``x``
+    (called ``x_name``), in ``x``'s dtype and on its device (checked here, so that the
+    native rules never name them "w" and "b")."""
     width = x.shape[1]
-    ok = w_in.shape[0] == experts and w_in.shape[1] == width
-    what = "[E={}, D={}, 2F] (E = len({}), D = {}.shape[1])"
-    check.shape("w_in", w_in, ok, what, experts, width, experts_of, x_name)
-    ok = w_out.shape == (experts, w_in.shape[2] // 2, width)
-    what = "[E={}, F={}, D={}] (E = len({}), 2F = w_in.shape[2], D = {}.shape[1])"
-    check.shape("w_out", w_out, ok, what, experts, w_in.shape[2] // 2, width, experts_of, x_name)
-    for name, t in (("w_in", w_in), ("w_out", w_out)):
-        check.dtype(name, t, x.dtype, x_name)
-        check.device(name, t, x.device, x_name)
+    name = "w_in" if up is None else "w_in[0]"
+    ok = w.shape[0] == experts and w.shape[1] == width
+    what = "[E={}, D={}, {}] (E = len({}), D = {}.shape[1])"
+    check.shape(name, w, ok, what, experts, width, "2F" if up is None else "F", experts_of, x_name)
+    f = _width(w, up)
+    ok = w_out.shape == (experts, f, width)
+    what = "[E={}, F={}, D={}] (E = len({}), F from w_in, D = {}.shape[1])"
+    check.shape("w_out", w_out, ok, what, experts, f, width, experts_of, x_name)
+    for n, t in ((name, w), ("w_out", w_out)):
+        check.dtype(n, t, x.dtype, x_name)
+        check.device(n, t, x.device, x_name)
 
 
 def _check_routes(x: Tensor, offs: Tensor, src: Tensor, inverse: Tensor) -> None:
@@ -171,7 +205,7 @@ def _check_gate_up(name: str, w: Tensor) -> None:
 
 def expert_block(
     x: Tensor,
-    w_in: Tensor,
+    w_in: GateUp,
     w_out: Tensor,
     offs: Tensor,
     src: Tensor,
@@ -185,7 +219,10 @@ def expert_block(
     Args:
         x: ``[T, D]`` tokens, in token order (never copied into expert order).
         w_in: ``[E, D, 2F]``, columns ``[:F]`` the gate and ``[F:]`` the up projection
-            (:class:`groupmm.nn.GroupedExperts`' ``w_in``; any strides).
+            (:class:`groupmm.nn.GroupedExperts`' ``w_in``; any strides), or the pair
+            ``(w_gate, w_up)`` of two ``[E, D, F]`` weights (any strides; e.g.
+            torchtitan's ``(w1.transpose(1, 2), w3.transpose(1, 2))``), read in place
+            and given a gradient each: no concatenated copy.
         w_out: ``[E, F, D]`` (``GroupedExperts``' ``w_out``; any strides).
         offs: int32 ``[E]`` group ends over the ``R`` routed rows.
         src: integer ``[R]``, the token of each row (``x`` row ``src[r]``).
@@ -206,13 +243,13 @@ def expert_block(
     # before the ops: their fakes (torch.compile) check nothing, the indices are converted
     # to int32 before the native calls, only the backward reads some operands, and the
     # GEMMs would name w_in and w_out "w" and "b"
-    _check_experts(x, w_in, w_out)
+    w, up = _check_experts(x, w_in, w_out)
     _check_routes(x, offs, src, inverse)
-    _check_expert_count(x, w_in, w_out, offs.shape[0])
+    _check_expert_count(x, w, up, w_out, offs.shape[0])
     if weights is not None:
         check.tensor("weights", weights)
         check.same_shape("weights", weights, "inverse", inverse)
-    return _block(x, w_in, w_out, offs, _int32(src), _int32(inverse), weights)
+    return _block(x, w, w_out, offs, _int32(src), _int32(inverse), weights, up)
 
 
 def _block(
@@ -223,17 +260,19 @@ def _block(
     src: Optional[Tensor],
     inverse: Optional[Tensor],
     weights: Optional[Tensor],
+    up: Optional[Tensor] = None,
 ) -> Tensor:
-    """The two ops of :func:`expert_block` on checked arguments (int32 indices). Also
+    """The two ops of :func:`expert_block` on checked arguments (int32 indices; ``w_in``
+    the gate ``[E, D, F]`` when ``up`` is given, else ``[E, D, 2F]``). Also
     what :func:`groupmm.parallel.expert_compute` runs on rows already in expert order:
     ``src`` None (``x``'s rows are the routed rows: no gather, ``dy = d_out``) with
     ``inverse`` None (the output is the rows ``y`` themselves: no combine, no
     ``weights``) or ``arange(R)`` as ``[R, 1]`` (each row scaled by its weight)."""
     # pre is the block's own: gated_down's backward may write its gradient over it
-    if direct(x, w_in, w_out, offs, src, inverse, weights):
-        pre, act = _SwigluUpFn.apply(x, w_in, offs, src, inverse)
+    if direct(x, w_in, w_out, offs, src, inverse, weights, up):
+        pre, act = _SwigluUpFn.apply(x, w_in, offs, src, inverse, up)
         return _GatedDownFn.apply(pre, act, w_out, offs, src, inverse, weights, True)
-    pre, act = _swiglu_up(x, w_in, offs, src, inverse)
+    pre, act = _swiglu_up(x, w_in, offs, src, inverse, up)
     return _gated_down(pre, act, w_out, offs, src, inverse, weights, True)
 
 
@@ -268,7 +307,7 @@ def _expert_up_grad(ctx, d_act, d_pre):
     if dpre is None:
         return None, None, None, None, None
     need_x, need_w = ctx.needs_input_grad[:2]
-    dx, dw = _up_grads(dpre, x, w, offs, src, inverse, need_x, need_w)
+    dx, dw, _ = _up_grads(dpre, x, w, offs, src, inverse, need_x, need_w)
     return dx, dw, None, None, None
 
 

@@ -65,7 +65,7 @@ from ._exchange import (  # noqa: F401
     plan_tokens,
 )
 from ._glue import routes
-from .fused import _block, _check_expert_count, _check_experts, _int32
+from .fused import GateUp, _block, _check_expert_count, _check_experts, _int32
 
 __all__ = ["expert_compute", "expert_parallel_block", "exchange"]
 
@@ -82,7 +82,10 @@ def _local_routes(ids: Tensor, num_local: int, copies: int) -> Tuple[Tensor, Ten
     keys, order = torch.sort(ids.reshape(-1), stable=True)
     bounds = torch.arange(num_local, device=ids.device, dtype=torch.int32)
     offs = torch.searchsorted(keys, bounds, right=True, out_int32=True)
-    spare = int(received * top_k > copies)  # slots of other ranks' experts
+    # 1 where slots of other ranks' experts exist (received * top_k >= copies), else 0;
+    # arithmetic, not a branch, so that traced (unbacked) sizes need no guard
+    extra = received * top_k - copies
+    spare = min(extra, 1) if isinstance(extra, int) else torch.sym_min(extra, 1)
     # the spare position's row is the first such slot's (any row: it computes nothing)
     src = torch.div(order[: copies + spare], top_k, rounding_mode="floor").to(torch.int32)
     positions = torch.arange(order.shape[0], device=ids.device, dtype=torch.int32)
@@ -94,7 +97,7 @@ def expert_parallel_block(
     x: Tensor,
     expert_ids: Tensor,
     weights: Optional[Tensor],
-    w_in: Tensor,
+    w_in: GateUp,
     w_out: Tensor,
     group: Optional[Any] = None,
 ) -> Tensor:
@@ -109,7 +112,8 @@ def expert_parallel_block(
             w_in.shape[0]``; any id out of range on any rank raises ``ValueError`` on
             every rank (no rank is left waiting).
         weights: ``[T, k]`` router weights (differentiable), or None for a plain sum.
-        w_in: ``[E / W, D, 2F]`` this rank's experts (gate ``[:F]``, up ``[F:]``).
+        w_in: ``[E / W, D, 2F]`` this rank's experts (gate ``[:F]``, up ``[F:]``), or
+            the pair ``(gate, up)`` of ``[E / W, D, F]`` weights (no concatenation).
         w_out: ``[E / W, F, D]``.
         group: the process group (default: the world).
 
@@ -118,7 +122,7 @@ def expert_parallel_block(
 
     One host sync per call (the split sizes), none in the backward.
     """
-    _check_experts(x, w_in, w_out)
+    w, up = _check_experts(x, w_in, w_out)
     check.index("expert_ids", expert_ids, 2, "[T, k]")
     ok = expert_ids.shape[0] == x.shape[0]
     check.shape("expert_ids", expert_ids, ok, "[T={}, k]", x.shape[0])
@@ -127,14 +131,14 @@ def expert_parallel_block(
         check.tensor("weights", weights)
         check.same_shape("weights", weights, "expert_ids", expert_ids)
         check.device("weights", weights, x.device, "x")
-    num_local = w_in.shape[0]
-    _check_expert_count(x, w_in, w_out, num_local, "x", "w_in")
+    num_local = w.shape[0]
+    _check_expert_count(x, w, up, w_out, num_local, "x", "w_in")
     p = plan_tokens(expert_ids, num_local, group)
-    rows, w = _Send.apply(x, weights, p, num_local, group)
+    rows, row_weights = _Send.apply(x, weights, p, num_local, group)
     # each row's chosen experts as this rank's local ids (num_local: another rank's)
     recv_ids = _exchange_rows(p.send_ids, p.out_splits, p.in_splits, group, False)
     offs, src, inverse = _local_routes(recv_ids, num_local, p.copies)
-    y = _block(rows, w_in, w_out, offs, src, inverse, w)
+    y = _block(rows, w, w_out, offs, src, inverse, row_weights, up)
     return _Return.apply(y, p, group)
 
 
@@ -143,7 +147,7 @@ def expert_parallel_block(
 
 def expert_compute(
     rows: Tensor,
-    w_in: Tensor,
+    w_in: GateUp,
     w_out: Tensor,
     *,
     counts: Optional[Tensor] = None,
@@ -160,7 +164,8 @@ def expert_compute(
     Args:
         rows: ``[R, D]`` received rows.
         w_in: ``[E, D, 2F]`` the local experts, gate ``[:F]`` and up ``[F:]`` (any
-            strides).
+            strides), or the pair ``(gate, up)`` of ``[E, D, F]`` weights (read in
+            place: no concatenated copy).
         w_out: ``[E, F, D]``.
         counts: integer ``[E]`` rows per expert, on the device (e.g. the counts an
             exchange received), or
@@ -185,7 +190,7 @@ def expert_compute(
     """
     # the caller's names (rows, counts or offs), not expert_block's (x, offs)
     check.dims("rows", rows, 2, "[R, D]")
-    _check_experts(rows, w_in, w_out)
+    w, up = _check_experts(rows, w_in, w_out)
     given = [counts is not None, offs is not None, expert_ids is not None]
     if sum(given) != 1:
         raise ValueError(
@@ -193,11 +198,11 @@ def expert_compute(
             "int32 [E] cumulative group ends, or integer [R, k] expert ids per row)"
         )
     if expert_ids is not None:
-        return _compute_by_ids(rows, w_in, w_out, expert_ids, index, weights)
+        return _compute_by_ids(rows, w, up, w_out, expert_ids, index, weights)
     name, groups = ("counts", counts) if counts is not None else ("offs", cast(Tensor, offs))
     check.index(name, groups, 1, "[E]")
     check.device(name, groups, rows.device, "rows")
-    _check_expert_count(rows, w_in, w_out, groups.shape[0], "rows", name)
+    _check_expert_count(rows, w, up, w_out, groups.shape[0], "rows", name)
     if counts is not None:
         offs = torch.cumsum(counts, 0, dtype=torch.int32)
     else:
@@ -219,12 +224,13 @@ def expert_compute(
         weights = weights.reshape(n, 1)
         if inverse is None:
             inverse = torch.arange(n, device=rows.device, dtype=torch.int32).view(n, 1)
-    return _block(rows, w_in, w_out, offs, src, inverse, weights)
+    return _block(rows, w, w_out, offs, src, inverse, weights, up)
 
 
 def _compute_by_ids(
     rows: Tensor,
-    w_in: Tensor,
+    w: Tensor,
+    up: Optional[Tensor],
     w_out: Tensor,
     expert_ids: Tensor,
     index: Optional[Tensor],
@@ -247,6 +253,6 @@ def _compute_by_ids(
             weights = weights.unsqueeze(1)
         check.same_shape("weights", weights, "expert_ids", expert_ids)
         check.device("weights", weights, rows.device, "rows")
-    _check_expert_count(rows, w_in, w_out, w_in.shape[0], "rows", "w_in")
-    r = routes(expert_ids, w_in.shape[0], placeholders=True)
-    return _block(rows, w_in, w_out, r.offs, _int32(r.src), _int32(r.inverse), weights)
+    _check_expert_count(rows, w, up, w_out, w.shape[0], "rows", "w_in")
+    r = routes(expert_ids, w.shape[0], placeholders=True)
+    return _block(rows, w, w_out, r.offs, _int32(r.src), _int32(r.inverse), weights, up)

@@ -131,7 +131,8 @@ pub(crate) mod bridge {
         /// What the epilogue does with the product `p = a · b` (`[m, n]`, fp32); GroupedM
         /// only. Rows past the last group end get zeros in every output.
         /// - `Plain`: `c = p`; the fields below are 0.
-        /// - `SwiGLU` (`n` even, `F = n / 2`): `c = p` (the pre-activation `[gate | up]`)
+        /// - `SwiGLU` (`n` even, `F = n / 2`; `b` and `up` below): `c = p` (the
+        ///   pre-activation `[gate | up]`)
         ///   and `act[r, j] = silu(p[r, j]) * p[r, F + j]` (`[m, F]`, contiguous, c's dtype).
         /// - `DGated` (the dSwiGLU backward of a down projection, `F = n`): `p` is the
         ///   gradient of the activation before the router weight; with `g = pre[r, j]`,
@@ -143,6 +144,10 @@ pub(crate) mod bridge {
         ///   row `r` is `sum_i partial[i, r]` (no atomics: deterministic).
         /// - `RowScale`: `c[r, j] = scale[r] · p[r, j]` (rounded once, from the fp32 product).
         epilogue: Epilogue,
+        /// SwiGLU: device address of the up projection's weights when they are a tensor
+        /// of their own (`[G, K, F]` with `b`'s strides: `b` is then the gate's, and `p =
+        /// a · [b | up]`), else 0 (the up projection is `b`'s columns `[F, 2F)`).
+        up: u64,
         /// SwiGLU, DGated: device address of the `act` output, else 0.
         act: u64,
         /// DGated: device address of the pre-activation input `[m, 2F]` (c's dtype), else 0.

@@ -185,6 +185,9 @@ fn validate<O>(req: &ProductRequest<'_, O>) -> Result<(ProductDims, Vec<[usize; 
         shape::check_like("src", (None, s.device), na, like)?;
     }
     shape::check_like("offs", (None, req.offs.device), na, like)?;
+    if let Epilogue::SwiGLU { up: Some(up) } = req.epilogue {
+        shape::check_like("up", up.like(), na, like)?;
+    }
     let (pre, scale) = match req.epilogue {
         Epilogue::DGated { pre, scale } => {
             (Some(pre), Some((scale, "the router weight of each row")))
@@ -279,9 +282,27 @@ pub unsafe fn product<R: Runtime>(
         }
         _ => second,
     };
-    let ops = Operands::prepare(rt, &[first, second], Some(offs))?;
+    // SwiGLU's `up` is a second `b`: read in place as `b` is, never made contiguous
+    let up = match epilogue {
+        Epilogue::SwiGLU { up } => up,
+        _ => None,
+    };
+    let ops = Operands::prepare(
+        rt,
+        &[&[first, second][..], up.as_slice()].concat(),
+        Some(offs),
+    )?;
+    if up.is_some() && !same_strides(&ops.t[1], &ops.t[2]) {
+        // the kernels read both weights with `b`'s strides: the caller composes
+        return Ok(None);
+    }
     let src = src.map(|(s, _)| contiguous_int32(rt, s)).transpose()?;
-    let epilogue = epilogue.try_map(|t| contiguous(rt, t))?;
+    let epilogue = match epilogue {
+        Epilogue::SwiGLU { up: Some(_) } => Epilogue::SwiGLU {
+            up: Some(ops.t[2].clone()),
+        },
+        e => e.try_map(|t| contiguous(rt, t))?,
+    };
     // GroupedK on CUDA reads its first operand (transposed, as the backward's dB = aᵀ·grad
     // reads it) and the gathered one row-major (the bridge's `Fusion`); rows gathered
     // below are read from the same tensors (no second copy).
@@ -359,6 +380,12 @@ unsafe fn submit<R: Runtime>(
     unsafe { run(rt, plan, x, y, offs, offs_vals, fusion, c) }
 }
 
+/// True when `b` and `up` (SwiGLU's two weights) have the same strides, so that the
+/// kernels read both through `b`'s.
+fn same_strides(b: &Tensor, up: &Tensor) -> bool {
+    b.layout.strides == up.layout.strides && b.layout.shape == up.layout.shape
+}
+
 /// True when the product writes `c` as it is: any layout on the CPU; on CUDA, GroupedK
 /// any layout the kernels describe as row-major ([`cuda::operand`]: unit column stride,
 /// rows and groups apart), e.g. a slab of the rows or columns of a larger contiguous
@@ -416,7 +443,7 @@ mod tests {
             b: w,
             offs,
             src: src.map(|s| (s, Gathered::A)),
-            epilogue: Epilogue::SwiGLU,
+            epilogue: Epilogue::SwiGLU { up: None },
             transposed: false,
             out_dtype: None,
             out: None,

@@ -86,16 +86,18 @@ pub(super) fn gather_k_mm<'py>(
 }
 
 /// The fused up projection of a routed SwiGLU expert: `(pre, act)` with
-/// `pre = x[src] @ w[g]` (`[R, 2F]`) and `act = silu(gate) * up` (`[R, F]`), or `None`
-/// where no fused kernel runs (CPU, or `Unsupported`).
+/// `pre = x[src] @ w[g]` (`[R, 2F]`; with `up`, `w` is the gate `[G, K, F]` and
+/// `pre = x[src] @ [w[g] | up[g]]`) and `act = silu(gate) * up` (`[R, F]`), or `None`
+/// where no fused kernel runs (CPU, `up` of other strides than `w`, or `Unsupported`).
 #[pyfunction]
-#[pyo3(signature = (x, w, offs, src=None))]
+#[pyo3(signature = (x, w, offs, src=None, up=None))]
 pub(super) fn swiglu_mm<'py>(
     py: Python<'py>,
     x: &Bound<'py, PyAny>,
     w: &Bound<'py, PyAny>,
     offs: &Bound<'py, PyAny>,
     src: Option<&Bound<'py, PyAny>>,
+    up: Option<&Bound<'py, PyAny>>,
 ) -> Fused<(Obj<'py>, Obj<'py>)> {
     guard(|| {
         let mut rt = PyRuntime::new(py);
@@ -103,9 +105,10 @@ pub(super) fn swiglu_mm<'py>(
         let w = rt.input(&"w", w)?;
         let offs = required_offs(&mut rt, offs)?;
         let src = not_none(src).map(|s| rt.index("src", s)).transpose()?;
+        let up = not_none(up).map(|u| rt.input(&"up", u)).transpose()?;
         let req = ProductRequest {
             src: src.as_ref().map(|s| (s, Gathered::A)),
-            epilogue: Epilogue::SwiGLU,
+            epilogue: Epilogue::SwiGLU { up: up.as_ref() },
             ..ProductRequest::new(Form::GroupedM, &x, &w, &offs)
         };
         Ok(run(&mut rt, req)?.and_then(|o| Some((o.c, o.act?))))

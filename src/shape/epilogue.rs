@@ -15,8 +15,13 @@ pub enum Epilogue<T> {
     /// `c = p`.
     #[default]
     Plain,
-    /// The up projection and its activation: `pre = p`, `act = silu(gate) * up`.
-    SwiGLU,
+    /// The up projection and its activation: `pre = p`, `act = silu(gate) * up`. The
+    /// weights are `b`'s columns `[gate | up]`, or with `up`, `b` the gate's and `up` the
+    /// up projection's, of `b`'s shape each (`p = a · [b | up]`, never concatenated).
+    SwiGLU {
+        /// `[G, K, F]`, the up projection's weights (absent: `b`'s columns `[F, 2F)`).
+        up: Option<T>,
+    },
     /// The backward of the down projection through the router weight and the SwiGLU.
     DGated {
         /// `[R, 2F]`, the saved pre-activation.
@@ -41,11 +46,13 @@ impl<T> Epilogue<T> {
     }
 
     /// The same epilogue with each operand mapped by `f`, which may fail (the operands in
-    /// order: `pre`, then `scale`).
+    /// order: `up`; `pre`, then `scale`).
     pub fn try_map<U, E>(self, mut f: impl FnMut(T) -> Result<U, E>) -> Result<Epilogue<U>, E> {
         Ok(match self {
             Epilogue::Plain => Epilogue::Plain,
-            Epilogue::SwiGLU => Epilogue::SwiGLU,
+            Epilogue::SwiGLU { up } => Epilogue::SwiGLU {
+                up: up.map(&mut f).transpose()?,
+            },
             Epilogue::DGated { pre, scale } => Epilogue::DGated {
                 pre: f(pre)?,
                 scale: f(scale)?,
@@ -58,7 +65,7 @@ impl<T> Epilogue<T> {
     pub fn as_ref(&self) -> Epilogue<&T> {
         match self {
             Epilogue::Plain => Epilogue::Plain,
-            Epilogue::SwiGLU => Epilogue::SwiGLU,
+            Epilogue::SwiGLU { up } => Epilogue::SwiGLU { up: up.as_ref() },
             Epilogue::DGated { pre, scale } => Epilogue::DGated { pre, scale },
             Epilogue::RowScale { scale } => Epilogue::RowScale { scale },
         }

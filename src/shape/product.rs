@@ -10,6 +10,7 @@
 //! | --- | --- | --- | --- |
 //! | `gather_mm` (GroupedM, `Plain`) | `x [T, K]`, `w [G, K, N]`, `src [R]` | `x[src] · w[g]` | `[R, N]` |
 //! | `swiglu_mm` (GroupedM, `SwiGLU`) | `x [T, K]`, `w [G, K, 2F]`, `src [R]` | `p = x[src] · w[g]`, `[R, 2F]` | `pre [R, 2F]` (`= p`), `act [R, F]` |
+//! | `swiglu_mm` with `up` (GroupedM, `SwiGLU { up }`) | `x [T, K]`, `w [G, K, F]` (the gate), `up [G, K, F]`, `src [R]` | `p = x[src] · [w[g] \| up[g]]`, `[R, 2F]` | as above |
 //! | `dgated_mm` (GroupedM, `DGated`) | `dy [T, D]`, `w [G, F, D]` (the down projection's), `pre [R, 2F]`, `scale [R]`, `src [R]` | `p = dy[src] · w[g]ᵀ`, `[R, F]` | `dpre [R, 2F]`, `act [R, F]`, `partial [⌈F/64⌉, R]` |
 //! | `row_scaled_mm` (GroupedM, `RowScale`) | `x [T, K]`, `w [G, K, N]`, `scale [R]`, `src [R]` | `p = x[src] · w[g]` | `scale[r] · p[r]`, `[R, N]` |
 //! | `gather_k_mm` (GroupedK, `Plain`) | `a [Ta, K]`, `b [Tb, N]`, `src [R]` gathering one of them | `Σ a_rᵀ · b_r` per group | `[G, K, N]` |
@@ -84,7 +85,7 @@ impl ProductDims {
         let (r, f) = (self.product.m, self.f);
         match self.epilogue {
             Epilogue::Plain | Epilogue::RowScale { .. } => Vec::new(),
-            Epilogue::SwiGLU => vec![[r, 2 * f], [r, f]],
+            Epilogue::SwiGLU { .. } => vec![[r, 2 * f], [r, f]],
             Epilogue::DGated { .. } => vec![[r, 2 * f], [r, f], [f.div_ceil(PARTIAL_COLS), r]],
         }
     }
@@ -129,10 +130,11 @@ pub fn plan_product(p: &ProductShape<'_>) -> Result<ProductDims> {
             let src = p.src.map(|(s, _)| s);
             match p.epilogue {
                 Epilogue::Plain => (grouped_m(p.a, p.b, src, p.offs_len)?, 0),
-                Epilogue::SwiGLU => {
+                Epilogue::SwiGLU { up: None } => {
                     let product = grouped_m(p.a, p.b, src, p.offs_len)?;
                     (product, gate_up_half("w", &p.b.shape)?)
                 }
+                Epilogue::SwiGLU { up: Some(up) } => swiglu_pair(p.a, p.b, up, src, p.offs_len)?,
                 Epilogue::DGated { pre, scale } => dgated(p.a, p.b, pre, scale, src, p.offs_len)?,
                 Epilogue::RowScale { scale } => {
                     let product = grouped_m(p.a, p.b, src, p.offs_len)?;
@@ -155,6 +157,30 @@ pub fn plan_product(p: &ProductShape<'_>) -> Result<ProductDims> {
         product,
         f,
     })
+}
+
+/// The SwiGLU product over two weights, `p = x[src] · [w | up]`: the gathered GroupedM
+/// rule of `x` and `w` (the gate, `[G, K, F]`), `up` of `w`'s shape; the product that runs
+/// has `2F` columns.
+fn swiglu_pair(
+    x: &Layout,
+    w: &Layout,
+    up: &Layout,
+    src: Option<&Layout>,
+    offs_len: usize,
+) -> Result<(PackedDims, usize)> {
+    let mut product = grouped_m(x, w, src, offs_len)?;
+    if up.shape != w.shape {
+        return Err(shape_err(format!(
+            "up: expected shape {} (the shape of w, the gate), found {}",
+            fmt_shape(&w.shape),
+            fmt_shape(&up.shape)
+        )));
+    }
+    let f = product.n;
+    product.n = 2 * f;
+    product.out_shape = vec![product.m, 2 * f];
+    Ok((product, f))
 }
 
 /// The gathered GroupedM product, `out[r] = x[src[r]] · w[g]` for the rows `r` of group
@@ -427,7 +453,7 @@ mod tests {
             Form::GroupedM,
             (x, w),
             src,
-            Epilogue::SwiGLU,
+            Epilogue::SwiGLU { up: None },
             offs_len,
             false,
         )
@@ -549,7 +575,7 @@ mod tests {
             ["a", "b"]
         );
         assert_eq!(
-            operand_names(Form::GroupedM, &Epilogue::<()>::SwiGLU),
+            operand_names(Form::GroupedM, &Epilogue::<()>::SwiGLU { up: None }),
             ["x", "w"]
         );
         assert_eq!(operand_names(Form::GroupedM, &DGATED), ["dy", "w"]);
@@ -568,12 +594,12 @@ mod tests {
                 Epilogue::Plain,
                 false,
             ),
-            (Form::GroupedM, None, Epilogue::SwiGLU, true),
+            (Form::GroupedM, None, Epilogue::SwiGLU { up: None }, true),
             (Form::GroupedK, None, Epilogue::Plain, false),
             (
                 Form::GroupedK,
                 Some((&src, Gathered::A)),
-                Epilogue::SwiGLU,
+                Epilogue::SwiGLU { up: None },
                 false,
             ),
             (Form::Batched, None, Epilogue::Plain, false),
@@ -590,7 +616,7 @@ mod tests {
     fn swiglu_product_and_outputs() {
         // gathered: R = len(src) rows of x
         let d = plan_swiglu_mm(&c(&[10, 4]), &c(&[3, 4, 6]), Some(&c(&[24])), 3).unwrap();
-        assert_eq!(d.epilogue, Epilogue::SwiGLU);
+        assert_eq!(d.epilogue, Epilogue::SwiGLU { up: None });
         let p = &d.product;
         assert_eq!(
             (p.form, p.groups, p.m, p.n, p.k),
@@ -608,6 +634,49 @@ mod tests {
         // no routed rows (an expert-parallel rank that received none): empty outputs
         let d = plan_swiglu_mm(&c(&[0, 4]), &c(&[3, 4, 6]), Some(&c(&[0])), 3).unwrap();
         assert_eq!((d.out_shapes(), d.is_empty()), (vec![[0, 6], [0, 3]], true));
+    }
+
+    #[test]
+    fn swiglu_over_two_weights() {
+        // the gate [G, K, F] and up [G, K, F]: a product of 2F columns, F odd allowed
+        let (x, w, src) = (c(&[10, 4]), c(&[3, 4, 5]), c(&[24]));
+        let up = c(&[3, 4, 5]);
+        let epilogue = Epilogue::SwiGLU { up: Some(&up) };
+        let d = request(
+            Form::GroupedM,
+            (&x, &w),
+            Some((&src, Gathered::A)),
+            epilogue,
+            3,
+            false,
+        )
+        .unwrap();
+        assert_eq!(d.epilogue, Epilogue::SwiGLU { up: Some(()) });
+        assert_eq!((d.product.m, d.product.n, d.product.k), (24, 10, 4));
+        assert_eq!(d.product.out_shape, vec![24, 10]);
+        assert_eq!((d.f, d.out_shapes()), (5, vec![[24, 10], [24, 5]]));
+        // up of another shape: named, with w's
+        let bad = c(&[3, 4, 6]);
+        let epilogue = Epilogue::SwiGLU { up: Some(&bad) };
+        let e = request(Form::GroupedM, (&x, &w), None, epilogue, 3, false).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "up: expected shape [3, 4, 5] (the shape of w, the gate), found [3, 4, 6]"
+        );
+        // the gate's own rule first
+        let epilogue = Epilogue::SwiGLU { up: Some(&up) };
+        let e = request(
+            Form::GroupedM,
+            (&x, &c(&[3, 5, 5])),
+            None,
+            epilogue,
+            3,
+            false,
+        );
+        assert!(e
+            .unwrap_err()
+            .to_string()
+            .starts_with("w: expected 3-D weights [G, K=4, N]"));
     }
 
     #[test]

@@ -137,7 +137,7 @@ def gathered(dev) -> int:
     repeated and out-of-range indices (reported through the deferred flag), and the SwiGLU
     up projection on gathered and packed rows; the gathering varlen kernels by default, the
     row gather then the TMA kernels under GROUPMM_SM90_GATHER=0 (sanitize.sh's
-    "gather-first" path)."""
+    "gather-first" path); the up projection with gate and up as two weights."""
     n = 0
     for dtype in (torch.bfloat16, torch.float16):
         sizes = [0, 1, 127, 128, 129, 0, 200]
@@ -173,6 +173,17 @@ def gathered(dev) -> int:
         ):
             _flagged(groupmm._native.swiglu_mm, x, w, offs, index)
             groupmm._native.swiglu_mm(rows_k, w, offs, None)
+            n += 2
+        # the same with gate and up as two weights (torchtitan's w1 / w3), both majors
+        for gate, up in (
+            [torch.randn(len(sizes), K, F2, device=dev, dtype=dtype) for _ in range(2)],
+            [
+                torch.randn(len(sizes), F2, K, device=dev, dtype=dtype).transpose(1, 2)
+                for _ in range(2)
+            ],
+        ):
+            _flagged(groupmm._native.swiglu_mm, x, gate, offs, index, up)
+            groupmm._native.swiglu_mm(rows_k, gate, offs, None, up)
             n += 2
     return n
 

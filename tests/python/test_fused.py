@@ -652,10 +652,12 @@ def test_dgated_composition_against_its_formula():
 
 def _stub_swiglu_mm(calls):
     """A stand-in for the native fused up projection (what a Hopper kernel returns),
-    written from the contract with torch: pre = x[src] @ w[g], act from pre."""
+    written from the contract with torch: pre = x[src] @ w[g] (w = [gate | up], or the
+    gate with up given), act from pre."""
 
-    def swiglu_mm(x, w, offs, src=None):
+    def swiglu_mm(x, w, offs, src=None, up=None):
         calls.append("swiglu_mm")
+        w = w if up is None else torch.cat([w, up], -1)
         rows = x if src is None else x[src.long()]
         pre = torch.zeros(rows.shape[0], w.shape[-1], dtype=torch.float32)
         start = 0

@@ -140,16 +140,19 @@ impl Fusion<'_> {
     /// epilogue becomes the bridge's.
     fn request(&self) -> ffi::Fusion {
         let ptr = |t: Option<&Tensor>| t.map_or(0, |t| t.ptr as u64);
-        let (epilogue, pre, scale) = match self.epilogue {
-            Epilogue::Plain => (ffi::Epilogue::Plain, None, None),
-            Epilogue::SwiGLU => (ffi::Epilogue::SwiGLU, None, None),
-            Epilogue::DGated { pre, scale } => (ffi::Epilogue::DGated, Some(pre), Some(scale)),
-            Epilogue::RowScale { scale } => (ffi::Epilogue::RowScale, None, Some(scale)),
+        let (epilogue, pre, scale, up) = match self.epilogue {
+            Epilogue::Plain => (ffi::Epilogue::Plain, None, None, None),
+            Epilogue::SwiGLU { up } => (ffi::Epilogue::SwiGLU, None, None, up),
+            Epilogue::DGated { pre, scale } => {
+                (ffi::Epilogue::DGated, Some(pre), Some(scale), None)
+            }
+            Epilogue::RowScale { scale } => (ffi::Epilogue::RowScale, None, Some(scale), None),
         };
         ffi::Fusion {
             src: self.src.map_or(0, |o| o.ptr as u64),
             src_b: self.src_b,
             epilogue,
+            up: ptr(up),
             act: ptr(self.act),
             pre: ptr(pre),
             scale: ptr(scale),
@@ -476,7 +479,13 @@ mod tests {
             ..src.clone()
         };
         let xw = (&x.layout, &w.layout);
-        let d = plan(Form::GroupedM, xw, Some((&src, false)), Epilogue::SwiGLU, g);
+        let d = plan(
+            Form::GroupedM,
+            xw,
+            Some((&src, false)),
+            Epilogue::SwiGLU { up: None },
+            g,
+        );
         let [pre, act] = [0, 1].map(|i| Tensor {
             ptr: 1 << (20 + i),
             layout: Layout::contiguous(&d.out_shapes()[i]),
@@ -485,7 +494,7 @@ mod tests {
         let fusion = Fusion {
             src: Some(&src),
             src_b: false,
-            epilogue: Epilogue::SwiGLU,
+            epilogue: Epilogue::SwiGLU { up: None },
             act: Some(&act),
             partial: None,
             retry: false,

@@ -1,7 +1,8 @@
 // The SwiGLU epilogue (its Args block and meaning: swiglu.h): the routed expert block's up
 // projection stores the pre-activation pre = [gate | up] and act = silu(gate) * up from the
 // fp32 accumulators. A tile of BN columns is BN / 2 gate columns and the same BN / 2 up
-// columns of the product: B is read as two halves (tma_b, tma_b2). Two configurations:
+// columns of the product: B is read as two halves (tma_b, tma_b2), of one tensor or of two
+// (SwigluArgs::up: the gate's and the up projection's weights kept apart). Two configurations:
 // ping-pong 128 x 128 (store) and cooperative 128 x 256 (store_coop: half the A bytes per
 // FLOP, what a gathered A needs). Device code (nvcc only), and its maps.
 #pragma once
@@ -31,8 +32,10 @@ struct SwigluEpi : FusedEpilogue<SwigluArgs> {
     constexpr uint64_t es = sizeof(typename C::T);
     const int64_t f = x.n / 2;
     const uint64_t sb[2] = {uint64_t(x.ldb) * es, uint64_t(x.ldb_batch) * es};
+    const auto& e = std::get<Args>(x.epi);
     const char* b = static_cast<const char*>(x.b);
-    const char* up = b + (C::kBKMajor ? f * x.ldb : f) * int64_t(es);
+    const char* up = e.up != nullptr ? static_cast<const char*>(e.up)
+                                     : b + (C::kBKMajor ? f * x.ldb : f) * int64_t(es);
     std::string err;
     if constexpr (C::kBKMajor) {
       const uint64_t db[3] = {extent(x.k), extent(f), extent(x.groups)};
@@ -46,7 +49,6 @@ struct SwigluEpi : FusedEpilogue<SwigluArgs> {
       if (err.empty()) err = encode(&p.epi.tma_b2, dt, 3, up, db, sb, bb, "B up half (N-major)");
     }
     if (err.empty()) {
-      const auto& e = std::get<Args>(x.epi);
       err =
           encode_halves(&p.tma_d, &p.epi.tma_d2, &p.epi.tma_act, dt, x.d, x.ldd, e.act, int(f), es);
     }

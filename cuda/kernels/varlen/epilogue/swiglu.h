@@ -3,7 +3,8 @@
 //
 // The routed expert block's up projection (the meaning is Fusion's in src/exec/ffi.rs):
 // with F = n / 2, d = the product [m, 2F] (gate | up halves, = pre) and act = silu(gate) * up
-// [m, F], both contiguous; B's gate and up halves are read as two column ranges of one tile.
+// [m, F], both contiguous; B's gate and up halves are read as two column ranges of one tile:
+// b's columns [0, F) and [F, 2F), or, with up, b [G, K, F] (the gate) and up of b's strides.
 #pragma once
 #include <cstdint>
 
@@ -15,14 +16,15 @@ namespace gmm::varlen {
 struct SwigluArgs {
   static constexpr Epilogue kEpi = Epilogue::SwiGLU;
   void* act = nullptr;                           // [m, F]
+  const void* up = nullptr;                      // B's up half as a tensor of its own, or null
   bool given() const { return act != nullptr; }  // its operands are in the request (packed.cc)
   // can_read's clause (args.h): varlen-M, F a multiple of 8 (16-byte halves), d and act
-  // contiguous, act 16-byte aligned.
+  // contiguous, act (and up) 16-byte aligned.
   template <class A>
   bool can_read(const A& x) const {
     const int64_t f = x.n / 2;
     return x.mode == Mode::M && f > 0 && f % 8 == 0 && is16(int64_t(uintptr_t(act))) &&
-           x.n % 2 == 0 && x.ldd == x.n;
+           is16(int64_t(uintptr_t(up))) && x.n % 2 == 0 && x.ldd == x.n;
   }
 };
 
