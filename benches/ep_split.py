@@ -128,8 +128,9 @@ def install_split(split: Split) -> None:
     # experts as parallel._block, between its exchanges
     real_block = gpar._block
 
-    def block(x, w_in, w_out, offs, src, inverse, weights):
-        y = real_block(split.mark(x, "f1", "b1"), w_in, w_out, offs, src, inverse, weights)
+    def block(x, w_in, w_out, offs, src, inverse, weights, up=None):
+        x = split.mark(x, "f1", "b1")
+        y = real_block(x, w_in, w_out, offs, src, inverse, weights, up)
         return split.mark(y, "f2", "b2")
 
     gpar._block = block  # expert_parallel_block looks it up here

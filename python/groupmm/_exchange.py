@@ -109,9 +109,27 @@ def plan(expert_ids: Tensor, num_local: int, group: Optional[Any] = None) -> Pla
     return Plan(r, in_splits, out_splits, local_ids.view(received, 1))
 
 
+def _captures_scalars() -> bool:
+    """Whether ``torch.compile`` traces ``.tolist()`` into data-dependent sizes (its
+    ``capture_scalar_outputs``, as torchtitan sets it) instead of breaking the graph."""
+    return bool(torch._dynamo.config.capture_scalar_outputs)
+
+
 def _raise_on_bad_ids(flags: List[int], world: int, num_local: int) -> None:
     """The error every rank raises, after the exchange, when any rank's expert ids were
-    out of range (``flags``: one per rank)."""
+    out of range (``flags``: one per rank). Traced with the flags as data-dependent
+    sizes (``torch.compile`` with ``capture_scalar_outputs``): a check in the graph,
+    without the ranks' list."""
+    if torch.compiler.is_compiling() and _captures_scalars():  # flags: symbolic sizes
+        # the message a literal: torch.compile takes no message that reads variables
+        torch._check(
+            sum(flags) == 0,
+            lambda: (
+                "expert_ids: expected expert ids in [0, E) (E = the world size x the "
+                "local experts), found ids out of range on some rank"
+            ),
+        )
+        return
     if any(flags):
         ranks = [i for i, f in enumerate(flags) if f]
         raise ValueError(

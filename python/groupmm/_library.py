@@ -20,6 +20,7 @@ from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
+from torch.fx.experimental.symbolic_shapes import guard_or_false, guard_or_true
 
 from . import _native
 
@@ -163,13 +164,19 @@ def _grouped_mm_backward(
 
 def column_major(x: Tensor) -> bool:
     """The Rust rule ``shape::column_major`` (a packed gradient follows its operand's
-    layout): the last two dimensions stored column by column, both longer than 1."""
+    layout): the last two dimensions stored column by column, both longer than 1. Traced
+    with data-dependent sizes (expert parallelism's received rows), a size or stride the
+    trace cannot decide counts as what the real tensor almost surely has (a column-major
+    layout is column-major, its extents longer than 1) instead of a guard."""
+    if x.dim() < 2:
+        return False
+    if type(x.shape[-2]) is int and type(x.stride(-1)) is int:  # eager: plain ints
+        return x.shape[-2] > 1 and x.shape[-1] > 1 and x.stride(-2) == 1 and x.stride(-1) != 1
     return (
-        x.dim() >= 2
-        and x.shape[-2] > 1
-        and x.shape[-1] > 1
-        and x.stride(-2) == 1
-        and x.stride(-1) != 1
+        guard_or_false(x.stride(-2) == 1)
+        and guard_or_true(x.stride(-1) != 1)
+        and guard_or_true(x.shape[-2] > 1)
+        and guard_or_true(x.shape[-1] > 1)
     )
 
 

@@ -74,6 +74,9 @@ class Case:
     pad_to: Optional[int] = None
     weighted: bool = True  # block: router weights, or None (a plain sum)
     groups: bool = False  # EP over two groups of W / 2 ranks each, not the world
+    # the sharded layer under torch.compile: "breaks" (graph breaks at the exchanges' host
+    # sync only) or "fullgraph" (with capture_scalar_outputs, as torchtitan compiles)
+    compiled: str = ""
     bad: Tuple[str, int] = ("last", E)  # bad: which rank ("first"/"last") and the bad id
 
 
@@ -84,6 +87,10 @@ CASES = [
     Case("zero-rank-k3-fused", [0, 11, 6, 9], 3),
     Case("all-empty-k2-fused", [0, 0, 0, 0], 2),
     Case("random-k2-direct", [10, 3, 8, 0], 2, form="direct"),
+    Case("compiled-k2-fused", [24, 17, 31, 20], 2, compiled="breaks"),
+    Case("compiled-k1-unfused", [7, 13, 0, 5], 1, fused=False, compiled="breaks"),
+    Case("fullgraph-k2-fused", [24, 17, 31, 20], 2, routing="skewed", compiled="fullgraph"),
+    Case("fullgraph-k2-unfused", [7, 13, 0, 5], 2, fused=False, compiled="fullgraph"),
     Case("subgroups-k2-fused", [7, 13, 0, 5], 2, groups=True),
     Case("random-k2-unfused", [7, 13, 0, 5], 2, fused=False),
     Case("skewed-k1-unfused", [12, 5, 9, 3], 1, routing="skewed", fused=False),
@@ -264,7 +271,7 @@ def run_layer(ctx: Ctx, case: Case) -> Tuple[List[Result], List[int]]:
 
     x = ctx.low(data[me][0]).requires_grad_()
     go = ctx.low(data[me][1])
-    out = ep(x)
+    out = compiled(ep, case.compiled)(x) if case.compiled else ep(x)
     (out * go).sum().backward()
     router_grad = ep.router.gate.weight.grad.clone()
     dist.all_reduce(router_grad, group=group)
@@ -293,6 +300,34 @@ def run_layer(ctx: Ctx, case: Case) -> Tuple[List[Result], List[int]]:
     ids = ref_layer.router(xs.detach()).expert_ids
     got = torch.bincount(ids.reshape(-1) // local, minlength=size).tolist()
     return results, got
+
+
+def compiled(module: Any, how: str) -> Any:
+    """``module`` under ``torch.compile``: ``breaks``, every graph break checked to be
+    the documented one (the exchanges' split sizes read on the host,
+    ``groupmm._exchange``: the call's one host sync); ``fullgraph``, one graph with the
+    split sizes traced as data-dependent sizes (``capture_scalar_outputs``, as torchtitan
+    compiles its blocks)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    torch._dynamo.config.capture_scalar_outputs = how == "fullgraph"
+    # AOTAutograd's eager backend: the trace (dynamo, the ops' fakes with data-dependent
+    # sizes, the backward) without Inductor's code generation, which benches/
+    # bench_torchtitan.py --compile runs on the same layer
+    fn = torch.compile(module, backend="aot_eager", fullgraph=how == "fullgraph")
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        out = fn(x)
+        for reason in counters["graph_break"]:
+            # the split sizes read on the host (.tolist(): the call's one host sync)
+            if "aten._local_scalar_dense" not in reason:
+                raise AssertionError(f"a graph break outside the exchanges' host sync: {reason}")
+        torch._dynamo.config.capture_scalar_outputs = False
+        return out
+
+    return run
 
 
 def run_block(ctx: Ctx, case: Case) -> Tuple[List[Result], List[int]]:
