@@ -8,10 +8,13 @@ through ``to_local()`` when they are DTensors, ``.type_as(x)``; its bfloat16 cas
 ``compute_dtype``, None by default so that float64 checks are possible), whose default
 ``_grouped_mm`` is an independent per-group loop. Both paths are tested on it: the seam
 (``fused=False``, what ``fused=None`` picks for it) and the fused block (``fused=True``).
-When ``torchtitan.models.common.moe`` imports, the real ``GroupedExperts`` (fused) and
+The fused block reads ``w1``/``w3`` in place as the pair ``(gate, up)``: tested against
+the old ``[w1 | w3]`` concatenation and for saving no weight copy. When
+``torchtitan.models.common.moe`` imports, the real ``GroupedExperts`` (fused) and
 ``GptOssGroupedExperts`` (seam) are tested too, and torchtitan's own expert parallelism
-on 2 gloo processes (``torchtitan_ep_worker.py``). The DTensor weights case runs on gloo
-without torchtitan.
+on 2 gloo processes (``torchtitan_ep_worker.py``: the experts path and ``enable_moe``'s
+whole layer). The DTensor weights case runs on gloo without torchtitan. The whole-layer
+converter's other tests: ``test_torchtitan_moe.py``.
 """
 
 from __future__ import annotations
@@ -30,7 +33,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from conftest import HAS_CUDA
 from groupmm.integrations import torchtitan as tt
-from torch.multiprocessing.reductions import StorageWeakRef
 
 F64 = torch.float64
 HERE = Path(__file__).resolve().parent
@@ -209,22 +211,6 @@ def _fused(dim=12, hidden=8, experts=4, dtype=F64, compute=None, seed=0):
     return module
 
 
-@pytest.fixture
-def gate_up_copies(monkeypatch):
-    """Weak references to the storage of every ``[w1 | w3]`` copy the fused path makes
-    (forward, and the backward's rebuild)."""
-    refs = []
-    real = tt._gate_up
-
-    def spy(*args):
-        out = real(*args)
-        refs.append(StorageWeakRef(out.untyped_storage()))
-        return out
-
-    monkeypatch.setattr(tt, "_gate_up", spy)
-    return refs
-
-
 def test_fused_block_matches_the_reference_in_float64(monkeypatch):
     import groupmm.integrations as gi
 
@@ -242,16 +228,18 @@ def test_fused_block_matches_the_reference_in_float64(monkeypatch):
     out, dx, grads = _grads(module, x, counts, go)
     ref, ref_dx, ref_grads = _grads(ref_module, x, counts, go)
     assert len(block_calls) == 1 and not seam_calls  # one fused block, no seam product
-    rows, w_in, w_out = block_calls[0]
-    assert w_in.shape == (4, 12, 16) and w_out.shape == (4, 8, 12)
-    assert w_in.transpose(1, 2).is_contiguous()  # [w1 | w3] as [E, 2F, D], read K-major
-    assert w_out.data_ptr() == module.w2_EDF.data_ptr()  # w2's own storage, a view
+    rows, (gate, up), w_out = block_calls[0]
+    assert gate.shape == up.shape == (4, 12, 8) and w_out.shape == (4, 8, 12)
+    # the pair and w_out: views of the parameters' own storage, no copy
+    assert gate.data_ptr() == module.w1_EFD.data_ptr() and gate.stride() == (96, 1, 12)
+    assert up.data_ptr() == module.w3_EFD.data_ptr()
+    assert w_out.data_ptr() == module.w2_EDF.data_ptr()
     torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(dx, ref_dx, rtol=1e-12, atol=1e-12)
     params = dict(module.named_parameters())
     for name, g in grads.items():
         torch.testing.assert_close(g, ref_grads[name], rtol=1e-12, atol=1e-12, msg=name)
-        # w1/w3: contiguous halves of the [E, 2F, D] gradient; w2: through the view
+        # each weight's gradient in its parameter's own layout, through the views
         assert g.is_contiguous() and g.stride() == params[name].stride(), name
     assert (out[20:] == 0).all() and (dx[20:] == 0).all()  # padding rows
     for name in grads:
@@ -297,7 +285,8 @@ def test_fused_dtypes_follow_torchtitan(monkeypatch, params, compute, tol):
     xr = x.detach().double().requires_grad_(True)
     ref, ref_dx, ref_grads = _grads(ref_module, xr, counts, go)
     want = params if compute is None else compute
-    assert all(t.dtype == want for t in seen[0])
+    rows, (gate, up), w_out = seen[0]
+    assert all(t.dtype == want for t in (rows, gate, up, w_out))
     assert out.dtype == params and dx.dtype == params
     for got, r in [(out, ref), (dx, ref_dx), *((grads[n], ref_grads[n]) for n in grads)]:
         err = (got.double() - r).norm() / r.norm()
@@ -315,12 +304,12 @@ def test_fused_dtypes_follow_torchtitan(monkeypatch, params, compute, tol):
 
 def _recording(fn):
     """Run ``fn`` under saved-tensor hooks that record every tensor autograd keeps for
-    the backward (the fused path hands each one but its recipes to the hooks in force
-    outside it): ``(fn(), [(storage bytes, shape) of each saved tensor])``."""
+    the backward: ``(fn(), [(storage data_ptr, storage bytes, shape) of each])``."""
     saved = []
 
     def pack(t):
-        saved.append((t.untyped_storage().nbytes(), tuple(t.shape)))
+        storage = t.untyped_storage()
+        saved.append((storage.data_ptr(), storage.nbytes(), tuple(t.shape)))
         return t.detach()
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -328,44 +317,42 @@ def _recording(fn):
     return out, saved
 
 
-@pytest.mark.parametrize("params", [F64, torch.float32])
-def test_the_weight_copies_are_not_kept_for_the_backward(gate_up_copies, params):
-    """Between forward and backward the graph holds no ``[w1 | w3]`` copy (nor, for
-    parameters of another dtype, the cast copy of ``w2``): the backward builds them
-    again from the parameters, and the gradients are right."""
-    compute = F64  # float32 parameters: float64 copies of all three weights
-    module = _fused(dtype=params, compute=compute)
+def test_no_weight_copy_is_made_or_kept():
+    """The pair ``(w1, w3)`` is read in place: every weight-sized tensor the graph keeps
+    for the backward is a parameter's own storage (no ``[w1 | w3]`` concatenation), and
+    the gradients are right."""
+    module = _fused()  # float64 parameters, float64 compute: no cast either
     ref_module = StandInGroupedExperts(12, 8, 4)
-    ref_module.load_state_dict({k: v.double() for k, v in module.state_dict().items()})
-    x, counts = _routed(dtype=params)
+    x, counts = _routed()
     go = torch.randn(23, 12, dtype=F64)
     out, saved = _recording(lambda: module(x, counts))
-    assert len(gate_up_copies) == 1 and gate_up_copies[0].expired()  # freed after forward
-    gate_up_bytes = 4 * 16 * 12 * 8  # [E, 2F, D] float64
-    down_bytes = 4 * 12 * 8 * 8  # [E, D, F] float64
-    assert saved and all(nbytes != gate_up_bytes for nbytes, _ in saved), saved
-    if params != compute:
-        assert all(nbytes != down_bytes for nbytes, _ in saved), saved
-    out.backward(go.to(params))
-    assert len(gate_up_copies) == 2 and gate_up_copies[1].expired()  # rebuilt, then freed
-    ref = ref_module(x.detach().double(), counts)
+    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    weights = [entry for entry in saved if len(entry[2]) == 3]
+    assert weights and all(ptr in params for ptr, _, _ in weights), saved
+    out.backward(go)
+    ref = ref_module(x.detach(), counts)
     ref.backward(go)
     for name, p in module.named_parameters():
         r = dict(ref_module.named_parameters())[name].grad
-        assert (p.grad.double() - r).norm() / r.norm() < 1e-6, name
+        torch.testing.assert_close(p.grad, r, rtol=1e-12, atol=1e-12, msg=name)
 
-    # the control: expert_compute on a plain cat keeps the copy until the backward
-    weak = []
 
-    def plain():
-        w_in = torch.cat([module.w1_EFD, module.w3_EFD], 1).to(compute)
-        weak.append(StorageWeakRef(w_in.untyped_storage()))
-        w_out = module.w2_EDF.to(compute).transpose(1, 2)
-        return tt.expert_compute(x.to(compute), w_in.transpose(1, 2), w_out, counts=counts)
-
-    out, saved = _recording(plain)
-    assert not weak[0].expired()
-    assert any(nbytes == gate_up_bytes for nbytes, _ in saved)
+def test_the_pair_matches_the_concatenated_weights():
+    """The fused path on the pair ``(w1ᵀ, w3ᵀ)`` gives what the block gives on the old
+    ``[w1 | w3]`` concatenation: output, dx and each weight's gradient (float64)."""
+    module = _fused()
+    x, counts = _routed()
+    go = torch.randn(23, 12, dtype=F64)
+    out, dx, grads = _grads(module, x, counts, go)
+    ws = {n: p.detach().clone().requires_grad_(True) for n, p in module.named_parameters()}
+    x2 = x.detach().clone().requires_grad_(True)
+    w_in = torch.cat([ws["w1_EFD"], ws["w3_EFD"]], 1).transpose(1, 2)
+    cat = tt.expert_compute(x2, w_in, ws["w2_EDF"].transpose(1, 2), counts=counts)
+    cat.backward(go)
+    torch.testing.assert_close(out, cat.detach(), rtol=1e-13, atol=1e-13)
+    torch.testing.assert_close(dx, x2.grad, rtol=1e-13, atol=1e-13)
+    for name, g in grads.items():
+        torch.testing.assert_close(g, ws[name].grad, rtol=1e-13, atol=1e-13, msg=name)
 
 
 def test_changing_the_weights_between_forward_and_backward_raises():
@@ -378,9 +365,9 @@ def test_changing_the_weights_between_forward_and_backward_raises():
         out.sum().backward()
 
 
-def test_fused_block_under_activation_checkpointing(gate_up_copies):
-    """Under torch.utils.checkpoint (non-reentrant) the fused path's other saved tensors
-    go to checkpoint's hooks (recomputed), the weight copy is still not kept."""
+def test_fused_block_under_activation_checkpointing():
+    """Under torch.utils.checkpoint (non-reentrant) the fused path's saved tensors go to
+    checkpoint's hooks (recomputed); same results."""
     from torch.utils.checkpoint import checkpoint
 
     module = _fused()
@@ -390,19 +377,17 @@ def test_fused_block_under_activation_checkpointing(gate_up_copies):
     ref, ref_dx, ref_grads = _grads(ref_module, x, counts, go)
     x.grad = None
     out = checkpoint(module, x, counts, use_reentrant=False)
-    assert all(ref.expired() for ref in gate_up_copies)
     out.backward(go)
     torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(x.grad, ref_dx, rtol=1e-12, atol=1e-12)
     for name, p in module.named_parameters():
         torch.testing.assert_close(p.grad, ref_grads[name], rtol=1e-12, atol=1e-12, msg=name)
-    assert all(ref.expired() for ref in gate_up_copies)
 
 
-def test_compile_fullgraph_fused_recomputes_the_weight_copy():
-    """Under torch.compile the copy is made in a checkpointed region: the partitioner
-    (min-cut, as inductor's) saves the parameters and rebuilds ``[w1 | w3]`` in the
-    backward; no graph break; same results."""
+def test_compile_fullgraph_fused_saves_only_the_parameters():
+    """Under torch.compile: no graph break, same results, and the only weight-sized
+    tensors the forward graph keeps for the backward (min-cut partitioner, as
+    inductor's) are the parameters (graph inputs) or views of them: no weight copy."""
     from torch._dynamo.utils import counters
     from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
     from torch._functorch.partitioners import min_cut_rematerialization_partition
@@ -415,7 +400,7 @@ def test_compile_fullgraph_fused_recomputes_the_weight_copy():
         (outputs,) = gm.graph.find_nodes(op="output")[0].args
         for node in outputs:
             if isinstance(node, torch.fx.Node):
-                saved.append((node.op, tuple(node.meta["val"].shape)))
+                saved.append((node.op, tuple(node.meta["val"].shape), str(node.target)))
         return make_boxed_func(gm)
 
     def backend(gm, example):
@@ -444,10 +429,10 @@ def test_compile_fullgraph_fused_recomputes_the_weight_copy():
             assert g.is_contiguous(), name
         torch._dynamo.reset()
         if run is backend:
-            # the only weight-sized tensors kept are the parameters ("placeholder"):
-            # the [w1 | w3] copy is rebuilt in the backward
-            weights = [op for op, shape in saved if len(shape) == 3]
-            assert weights and all(op == "placeholder" for op in weights), saved
+            # the parameters or their transposed views (the pair, w_out): no copy
+            weights = [(op, target) for op, shape, target in saved if len(shape) == 3]
+            views = ("placeholder", "aten.transpose.int")
+            assert weights and all(op in views or t in views for op, t in weights), saved
 
 
 class NamedLikeTorchtitan(StandInGroupedExperts):
@@ -724,8 +709,9 @@ def test_real_gpt_oss_grouped_experts_bf16():
 def test_real_expert_parallel_two_ranks_on_gloo(tmp_path):
     """torchtitan's own EP on 2 gloo processes (``torchtitan_ep_worker.py``): MoE
     parallelized by torchtitan (Shard(0) DTensor experts, AllToAllTokenDispatcher), its
-    experts on the fused block, enabled before and after ``parallelize``; against a
-    single-process float64 reference and torchtitan's own forward."""
+    experts on the fused block, enabled before and after ``parallelize``, and the whole
+    layer converted by ``enable_moe`` (groupmm's EP block over the EP mesh's group);
+    against a single-process float64 reference and torchtitan's own forward."""
     pytest.importorskip(
         "torchtitan.distributed.parallel_dims", reason="torchtitan does not import here"
     )
@@ -733,16 +719,19 @@ def test_real_expert_parallel_two_ranks_on_gloo(tmp_path):
     for rank, result in enumerate(_run_worker("torchtitan", 2, tmp_path)):
         # the fused forward ran: bf16 model (router), f64 model (router, skewed)
         assert result.pop("fused_calls") == ["torch.bfloat16", "torch.float64", "torch.float64"]
+        # enable_moe's layer: groupmm's EP block over the 2-rank EP group, 2 local experts
+        assert result.pop("ep_calls") == [["torch.float64", 2, 2]] * 2
         for name, value in result.items():
             if name.endswith("/contiguous"):
                 assert value is True, (rank, name)
             elif name.endswith("/zero"):  # rank 1 under skewed routing: no rows at all
                 assert rank == 1 and value == 0, (rank, name, value)
-            elif "/f64/" in name:
+            elif "/f64/" in name or "/moe/" in name:
                 assert value < 1e-6, (rank, name, value)  # float32 in/out, float64 compute
             else:  # bf16: torchtitan's own forward, groupmm's, and the two against each other
                 assert value < 2e-2, (rank, name, value)
         assert any(k.startswith("skewed/f64/") for k in result)
+        assert any(k.startswith("skewed/moe/") for k in result)
 
 
 # --------------------------------------------------------------------------- CUDA (bf16)

@@ -12,8 +12,10 @@ Cases (each rank writes ``OUT/rank<r>.json``: named relative errors, or ``error`
   config helpers with ``set_moe_sharding_config(enable_ep=True)``, ``ParallelDims(ep=
   WORLD)`` and ``MoE.parallelize`` (weights become ``Shard(0)`` DTensors, the
   ``AllToAllTokenDispatcher`` gets the EP mesh), the experts switched to groupmm's fused
-  block; against a single-process float64 reference of the same layer on every rank's
-  tokens, and against torchtitan's own forward. Runs with torchtitan's
+  block, and the whole layer converted by ``enable_moe`` before ``parallelize`` (groupmm's
+  ``expert_parallel_block`` over the EP mesh's group, float64 compute; ``enable_moe``
+  after ``parallelize`` refuses); against a single-process float64 reference of the same
+  layer on every rank's tokens, and against torchtitan's own forward. Runs with torchtitan's
   ``partial_dtensor`` SPMD backend: the default ``spmd_types`` backend sends uneven
   splits through ``dist.all_to_all`` of tensor lists, which gloo refuses ("invalid
   tensor size"); and with ``torchtitan.distributed.parallel_dims.device_type`` set to
@@ -174,15 +176,23 @@ def case_torchtitan(rank: int, world: int) -> dict:
     )
     pdims.build_mesh()
     models = {}
-    for name in ("own", "bf16", "f64"):
+    for name in ("own", "bf16", "f64", "moe"):
         model = copy.deepcopy(base)
         if name == "bf16":
             tt.enable(model, fused=True)  # before parallelize: torchtitan wraps it
+        if name == "moe":  # the whole layer on groupmm's EP block, float64 compute
+            tt.enable_moe(model, dtype=F64)
         model.parallelize(pdims)
         if name == "f64":
             tt.enable(model, fused=True)  # after: the experts' wrapper is dropped
             model.routed_experts.inner_experts.groupmm_dtype = F64
         models[name] = model
+    try:  # parallelized already: enable_moe refuses, nothing changes
+        tt.enable_moe(models["own"])
+        raise AssertionError("enable_moe after parallelize did not raise")
+    except ValueError as e:
+        assert "call enable_moe before parallelize" in str(e), e
+    assert type(models["own"].routed_experts).__name__ == "RoutedExperts"
     ie = models["f64"].routed_experts.inner_experts
     assert isinstance(ie.w1_EFD, DTensor) and ie.w1_EFD.to_local().shape[0] == 2
     assert type(ie).__name__ == "GroupmmFusedGroupedExperts", type(ie)
@@ -192,6 +202,14 @@ def case_torchtitan(rank: int, world: int) -> dict:
     calls = []
     real = tt.grouped_experts_forward
     tt.grouped_experts_forward = lambda *a, **k: calls.append(str(k["dtype"])) or real(*a, **k)
+    ep_calls = []
+    real_ep = tt.expert_parallel_block
+
+    def spy_ep(x, ids, weights, w_in, w_out, group):
+        ep_calls.append([str(x.dtype), dist.get_world_size(group), int(w_in[0].shape[0])])
+        return real_ep(x, ids, weights, w_in, w_out, group)
+
+    tt.expert_parallel_block = spy_ep
 
     def tokens_of(r):
         gen = torch.Generator().manual_seed(100 + r)
@@ -235,7 +253,7 @@ def case_torchtitan(rank: int, world: int) -> dict:
     results = {}
     for name, model in models.items():
         for scenario in ("router", "skewed"):
-            if scenario == "skewed" and name != "f64":
+            if scenario == "skewed" and name not in ("f64", "moe"):
                 continue
             model.zero_grad(set_to_none=True)
             xi = x.clone().requires_grad_(True)
@@ -260,6 +278,8 @@ def case_torchtitan(rank: int, world: int) -> dict:
                 if name != "own":
                     out[f"{key}/{pname}/contiguous"] = bool(grad.is_contiguous())
     out["fused_calls"] = calls
+    out["ep_calls"] = ep_calls
+    tt.expert_parallel_block = real_ep
     out["bf16_vs_own/out"] = rel(results["router/bf16"][0], results["router/own"][0])
     out["bf16_vs_own/dx"] = rel(results["router/bf16"][1], results["router/own"][1])
     tt.grouped_experts_forward = real

@@ -2,13 +2,39 @@
 
 ::
 
-    from groupmm.integrations.torchtitan import enable, groupmm_experts_class
+    from groupmm.integrations.torchtitan import enable_moe, enable, convert_moe_config
 
-    enable(model)                      # every experts module of a built model, in place
-    cls = groupmm_experts_class(GroupedExperts)   # or build the subclass yourself:
-    experts = cls.Config(dim=2048, hidden_dim=768, num_experts=128).build()
+    enable_moe(model)              # every MoE layer of a built model on groupmm's fused block
+    spec.model = convert_moe_config(spec.model)   # or the model config, before the build
+    enable(model, fused=True)      # the experts modules only (torchtitan's dispatcher kept)
 
-What runs (``fused`` of :func:`enable` / :func:`groupmm_experts_class`):
+**The whole MoE layer** (:func:`enable_moe`, :func:`convert_moe_config`, the class
+:func:`groupmm_routed_experts_class`): each torchtitan ``MoE`` keeps its own forward
+(router module, per-expert counts, the ``tokens_per_expert_E`` accumulation of its
+load-balancing update, shared experts), and its ``routed_experts`` (token dispatcher,
+grouped experts, weighted combine) becomes groupmm's fused block on the router's ids and
+weights: :func:`groupmm.fused.expert_block` at EP = 1 (routes by one sort, rows gathered
+in the GEMM, SwiGLU fused, the weighted top-k sum in one row op; no host sync, runs under
+``torch.compile(fullgraph=True)``), :func:`groupmm.parallel.expert_parallel_block` over
+the EP group of the experts' DTensor weights at EP > 1. Measured outside torchtitan,
+groupmm's layer is ~2.2-2.4x torchtitan's EP layer on Qwen3-30B-A3B/OLMoE sizes
+(``benches/bench_ep.py``); inside a torchtitan model: ``benches/bench_torchtitan.py``.
+
+*Expert parallelism.* Under torchtitan's ``MoE.parallelize`` with EP the experts'
+``w1_EFD``/``w2_EDF``/``w3_EFD`` are DTensors sharded along dim 0 over the EP mesh dim;
+the converted layer takes that dim's process group from ``w1_EFD.device_mesh`` and runs
+:func:`groupmm.parallel.expert_parallel_block` on the local shards and the rank's own
+tokens (each token sent once to each rank holding any of its experts, not once per
+expert copy as torchtitan's ``AllToAllTokenDispatcher`` does; one host sync per layer
+call for the split sizes). The dispatcher-fed alternative (torchtitan's dispatcher, then
+:func:`groupmm.parallel.expert_compute` on its received rows) was not chosen: it keeps
+torchtitan's per-copy exchange, permutes and scatter-add. Under torchtitan's
+``apply_compile`` (``fullgraph=True`` per block, ``capture_scalar_outputs``) the EP layer
+compiles whole too: the split sizes become data-dependent sizes of the graph (without
+``capture_scalar_outputs``, a graph break where they are read).
+
+**The experts modules only** (``fused`` of :func:`enable` / :func:`groupmm_experts_class`;
+torchtitan's own dispatcher and combine stay):
 
 - **The seam** (``fused=None``, the default, or False; the only path for classes that are
   not plain SwiGLU, e.g. ``GptOssGroupedExperts`` with its biases and clamped
@@ -19,81 +45,63 @@ What runs (``fused`` of :func:`enable` / :func:`groupmm_experts_class`):
 - **The fused block** (``fused=True``, for torchtitan's SwiGLU ``GroupedExperts`` or any
   class with its ``w1_EFD`` gate, ``w3_EFD`` up and ``w2_EDF`` down weights, no bias):
   the forward is replaced by :func:`grouped_experts_forward`, i.e.
-  :func:`groupmm.parallel.expert_compute` on the expert-major rows (on Hopper the up
-  projection and SwiGLU are one kernel, the backward's dSwiGLU is fused into the
-  ``dgated`` product; the backward keeps the rows and the ``[R, 2F]`` pre-activation,
-  no ``[R, F]`` tensor). Same semantics as torchtitan's forward: DTensor weights (expert
-  parallelism, FSDP) are used through ``to_local()``, rows and weights are cast to
-  ``groupmm_dtype`` (class attribute, ``torch.bfloat16`` as torchtitan; None: ``x``'s
-  dtype) and the output back with ``.type_as(x)``; the parameters stay ``w1/w2/w3``
-  (checkpoints unchanged). Rows past ``sum(counts)`` (padding some dispatchers leave)
-  give zero output and zero gradient. Weights of another tensor subclass (e.g. float8
-  wrappers) and spmd_types type checking take the parent's forward on the seam.
+  :func:`groupmm.parallel.expert_compute` on the expert-major rows with ``w1``/``w3``
+  read in place as the pair ``(gate, up)`` (transposed views: no ``[w1 | w3]`` copy;
+  each gets its own gradient in its parameter's layout). Same semantics as torchtitan's
+  forward: DTensor weights (expert parallelism, FSDP) are used through ``to_local()``,
+  rows and weights are cast to ``groupmm_dtype`` (class attribute, ``torch.bfloat16`` as
+  torchtitan; None: ``x``'s dtype) and the output back with ``.type_as(x)``; the
+  parameters stay ``w1/w2/w3`` (checkpoints unchanged). Rows past ``sum(counts)``
+  (padding some dispatchers leave) give zero output and zero gradient. Weights of another
+  tensor subclass (e.g. float8 wrappers) and spmd_types type checking take the parent's
+  forward on the seam.
 
-Why the seam is the default: measured inside torchtitan 0.3.0's own EP layer
-(``benches/bench_ep.py``, impls ``tt_seam`` and ``tt_groupmm``, H100, bf16, 16k tokens
-per GPU, ``benches/results/h100x2_bf16_issue30_ep_*.json``), the seam is 1.00–1.06x
-torchtitan's ``torch._grouped_mm`` at EP = 1 and 2 (Qwen3-30B-A3B, OLMoE, Mixtral sizes),
-while the fused block is 0.91–1.03x: writing ``[w1 | w3]`` every step (and again in
-the backward) and splitting its gradient costs more than the fusion saves inside
-torchtitan's dispatcher. The fused block pays where groupmm owns the whole layer
-(:class:`groupmm.moe.MoELayer`, ``ep_group=``: about 2x torchtitan's EP layer).
+Measured inside torchtitan 0.3.0's own EP layer (``benches/bench_ep.py``, impls
+``tt_seam`` and ``tt_groupmm``, H100, bf16, 16k tokens per GPU, the fused block then
+still copying ``[w1 | w3]`` every step), the seam was 1.00–1.06x torchtitan's
+``torch._grouped_mm`` and the fused block 0.91–1.03x: inside torchtitan's dispatcher the
+experts alone gain little, hence :func:`enable_moe`.
 
-The fused kernel reads gate and up as one ``[E, D, 2F]`` operand; torchtitan keeps
-``w1`` and ``w3`` apart (its checkpoint format), so each forward writes ``[w1 | w3]``
-once (``[E, 2F, D]`` contiguous, the cast to ``groupmm_dtype`` in the same copy);
-``w_in`` is its transposed view and ``w_out = w2.transpose(1, 2)``, so the weight
-gradients come in the parameters' own layout (``w1``/``w3``'s as contiguous halves of the
-``[E, 2F, D]`` gradient, ``w2``'s through the view; contiguous, in the parameters'
-dtypes). That copy is NOT kept for the backward (48 layers would hold 48 copies of the
-gate/up weights):
+Turning the experts path on: :func:`enable` on a built model, before or after
+torchtitan's ``Module.parallelize`` (whose wrapper of the experts' forward it drops:
+weights only, nothing to redistribute), or :func:`groupmm_experts_class`'s ``Config`` in
+the model config. :func:`enable_moe` runs before ``parallelize`` (whose wrapper of the
+routed experts redistributes, so it refuses a wrapped layer); :func:`convert_moe_config`
+converts the config, as torchtitan's own model converters do.
 
-- eager: the call runs under ``torch.autograd.graph.saved_tensors_hooks`` that save it
-  as a recipe (the parameters, the view's geometry, their versions) and write it again
-  when the backward reads it, likewise ``w2``'s copy when the parameters are of another
-  dtype. Every other saved tensor goes to the hooks in force outside (activation
-  checkpointing, CPU offload) or is kept as is; an in-place change of the parameters
-  between forward and backward raises, as autograd does. Under a dispatch mode (fake
-  tensors, ``make_fx``, selective checkpointing's caching mode) or with saved-tensor
-  hooks disabled: plain saving.
-- ``torch.compile`` (``torch.compiler.is_compiling()``): the copies are made in a
-  ``torch.utils.checkpoint`` region, so the partitioner saves the parameters and
-  recomputes them in the backward.
-
-Turning it on: :func:`enable` on a built model, before or after torchtitan's
-``Module.parallelize`` (whose wrapper of the experts' forward it drops: weights only,
-nothing to redistribute), or :func:`groupmm_experts_class`'s ``Config`` in the model
-config (as torchtitan's own converters swap classes); ``enable(model, fused=True)``
-for the fused block.
-
-torchtitan is not a dependency: nothing here imports it. The tests
-(``tests/python/test_integration_torchtitan.py``) run against a stand-in with the same
-contract, and, when torchtitan imports, against the real classes and torchtitan's own
-expert parallelism (``MoE.parallelize``, ``AllToAllTokenDispatcher``) on 2 gloo
-processes.
+torchtitan is not a dependency: nothing here imports it but :func:`convert_moe_config`.
+The tests (``tests/python/test_integration_torchtitan.py``,
+``tests/python/test_torchtitan_moe.py``) run against stand-ins with the same contract,
+and, when torchtitan imports, against the real classes, a small Qwen3-MoE model compiled
+by torchtitan's ``apply_compile``, and torchtitan's own expert parallelism
+(``MoE.parallelize``, ``AllToAllTokenDispatcher``) on 2 gloo processes.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import sys
 import warnings
 from typing import Any, Optional, Tuple, cast
 
 import torch
 from torch import Tensor
-from torch.utils.checkpoint import checkpoint as _checkpoint
 
 from .. import _checks as check
-from ..parallel import expert_compute
+from .._glue import routes
+from ..fused import expert_block
+from ..parallel import expert_compute, expert_parallel_block
 from . import _expert_mm
-from ._recipes import _Recipe, _recipes_apply, _SavedAsRecipes
 
 __all__ = [
+    "convert_moe_config",
     "enable",
+    "enable_moe",
     "grouped_experts_forward",
     "groupmm_experts_class",
     "groupmm_grouped_mm",
+    "groupmm_routed_experts_class",
 ]
 
 #: its weights: gate, down, up
@@ -117,39 +125,25 @@ def groupmm_grouped_mm(A: Tensor, B_t: Tensor, offs: Tensor) -> Tensor:
 # --------------------------------------------------------------------------- the fused block
 
 
-class _GateUp(torch.autograd.Function):
-    """``[w1 | w3]`` along dim 1 in ``dtype`` (``[E, 2F, D]``, contiguous): the cat and
-    the cast in one copy. Backward: each half of the gradient as a contiguous tensor in
-    its weight's dtype. Saves no tensor."""
-
-    @staticmethod
-    def forward(ctx: Any, w1: Tensor, w3: Tensor, dtype: torch.dtype) -> Tensor:
-        ctx.dtypes = (w1.dtype, w3.dtype)
-        return _gate_up(w1, w3, dtype)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor):
-        width = grad.shape[1] // 2
-        halves = (grad[:, :width], grad[:, width:])
-        out = [
-            h.to(dtype, memory_format=torch.contiguous_format) if need else None
-            for h, dtype, need in zip(halves, ctx.dtypes, ctx.needs_input_grad)
-        ]
-        return out[0], out[1], None
+def _pair(
+    w1: Tensor, w2: Tensor, w3: Tensor, dtype: torch.dtype
+) -> Tuple[Tuple[Tensor, Tensor], Tensor]:
+    """``((gate, up), w_out)`` of groupmm's block from torchtitan's weights, in
+    ``dtype``: transposed views of the parameters (casts where their dtype differs), no
+    concatenation."""
+    gate = w1.to(dtype).transpose(1, 2)
+    up = w3.to(dtype).transpose(1, 2)
+    return (gate, up), w2.to(dtype).transpose(1, 2)
 
 
-def _gate_up(w1: Tensor, w3: Tensor, dtype: torch.dtype) -> Tensor:
+def _check_weights(w1: Tensor, w2: Tensor, w3: Tensor) -> None:
+    check.dims("w1_EFD", w1, 3, "[E, F, D]")
     experts, width, dim = w1.shape
-    out = w1.new_empty((experts, 2 * width, dim), dtype=dtype)
-    out[:, :width].copy_(w1)
-    out[:, width:].copy_(w3)
-    return out
-
-
-def _weights(w1: Tensor, w2: Tensor, w3: Tensor, dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
-    """``(w_in, w_out)`` of :func:`groupmm.parallel.expert_compute` from torchtitan's
-    weights, by torch ops (what a compiled forward traces)."""
-    return torch.cat([w1, w3], 1).to(dtype).transpose(1, 2), w2.to(dtype).transpose(1, 2)
+    check.dims("w3_EFD", w3, 3, "[E, F, D]")
+    check.same_shape("w3_EFD", w3, "w1_EFD", w1)
+    check.dims("w2_EDF", w2, 3, "[E, D, F]")
+    ok = w2.shape == (experts, dim, width)
+    check.shape("w2_EDF", w2, ok, "[E={}, D={}, F={}] (w1_EFD's E, D, F)", experts, dim, width)
 
 
 def grouped_experts_forward(
@@ -174,35 +168,15 @@ def grouped_experts_forward(
         num_tokens_per_expert_E: integer ``[E]`` rows per expert, on ``x``'s device.
         dtype: the compute dtype (torchtitan's ``bfloat16``); None: ``x``'s dtype.
 
-    One copy of ``[w1 | w3]`` per call, not kept for the backward (module docstring).
-    No host sync.
+    The block reads ``w1`` and ``w3`` in place as the pair ``(gate, up)`` (transposed
+    views; casts to ``dtype`` where the parameters are of another dtype, as torchtitan's
+    own forward casts them), each with its own gradient in its parameter's layout. No
+    host sync.
     """
-    check.dims("w1_EFD", w1_EFD, 3, "[E, F, D]")
-    experts, width, dim = w1_EFD.shape
-    check.dims("w3_EFD", w3_EFD, 3, "[E, F, D]")
-    check.same_shape("w3_EFD", w3_EFD, "w1_EFD", w1_EFD)
-    check.dims("w2_EDF", w2_EDF, 3, "[E, D, F]")
-    ok = w2_EDF.shape == (experts, dim, width)
-    check.shape("w2_EDF", w2_EDF, ok, "[E={}, D={}, F={}] (w1_EFD's E, D, F)", experts, dim, width)
+    _check_weights(w1_EFD, w2_EDF, w3_EFD)
     dtype = x_RD.dtype if dtype is None else dtype
-    rows = x_RD.to(dtype)
-    if torch.compiler.is_compiling():
-        # the weights' views made in a checkpointed region: the partitioner recomputes
-        # them in the backward from the parameters instead of saving the copy
-        w_in, w_out = _checkpoint(_weights, w1_EFD, w2_EDF, w3_EFD, dtype, use_reentrant=False)
-        out = expert_compute(rows, w_in, w_out, counts=num_tokens_per_expert_E)
-        return out.type_as(x_RD)
-    w_in = _GateUp.apply(w1_EFD, w3_EFD, dtype)
-    w_down = w2_EDF.to(dtype)
-    args = (rows, w_in.transpose(1, 2), w_down.transpose(1, 2))
-    if not _recipes_apply():
-        out = expert_compute(*args, counts=num_tokens_per_expert_E)
-    else:
-        recipes = [_Recipe(w_in, lambda: _gate_up(w1_EFD, w3_EFD, dtype), (w1_EFD, w3_EFD))]
-        if w_down is not w2_EDF:  # a copy in dtype: rebuilt too
-            recipes.append(_Recipe(w_down, lambda: w2_EDF.to(dtype), (w2_EDF,)))
-        with _SavedAsRecipes(recipes):
-            out = expert_compute(*args, counts=num_tokens_per_expert_E)
+    w_in, w_out = _pair(w1_EFD, w2_EDF, w3_EFD, dtype)
+    out = expert_compute(x_RD.to(dtype), w_in, w_out, counts=num_tokens_per_expert_E)
     return out.type_as(x_RD)
 
 
@@ -299,6 +273,16 @@ def groupmm_experts_class(parent: type, fused: Optional[bool] = None) -> type:
     if fused:
         namespace["forward"] = _fused_forward
         namespace["groupmm_dtype"] = torch.bfloat16
+    _own_config(parent, name, namespace)
+    cls = type(name, (parent,), namespace)
+    _CLASSES[key] = cls
+    return cls
+
+
+def _own_config(parent: type, name: str, namespace: dict) -> None:
+    """A ``Config`` of the subclass's own in ``namespace`` when ``parent`` has a dataclass
+    ``Config`` (torchtitan's configurable modules: ``cls.Config(...).build()`` then
+    builds the subclass), with the parent's dataclass options."""
     config = getattr(parent, "Config", None)
     if isinstance(config, type) and dataclasses.is_dataclass(config):
         params = cast(Any, config).__dataclass_params__
@@ -308,9 +292,6 @@ def groupmm_experts_class(parent: type, fused: Optional[bool] = None) -> type:
         namespace["Config"] = dataclasses.dataclass(**options)(
             type("Config", (config,), {"__qualname__": f"{name}.Config"})
         )
-    cls = type(name, (parent,), namespace)
-    _CLASSES[key] = cls
-    return cls
 
 
 def _is_experts(module: Any) -> bool:
@@ -396,3 +377,259 @@ def _redistributes_nothing(module: Any) -> bool:
         return False
     config = getattr(module, "_sharding_config", None)
     return config is not None and all(getattr(config, n, None) is None for n in _REDISTRIBUTIONS)
+
+
+# --------------------------------------------------------------------------- the whole MoE
+
+_TT_MOE = "torchtitan.models.common.moe"
+
+
+def _ep_group(w: Any) -> Optional[Any]:
+    """The process group over which the DTensor ``w`` shards its experts (dim 0, on one
+    mesh dim of more than one rank: torchtitan's EP mesh dim); None for a plain tensor
+    or experts not sharded (EP = 1, expert TP)."""
+    tensor_module = sys.modules.get("torch.distributed.tensor")
+    if tensor_module is None or not isinstance(w, tensor_module.DTensor):
+        return None
+    mesh = w.device_mesh
+    dims = [i for i, p in enumerate(w.placements) if p.is_shard(0) and mesh.size(i) > 1]
+    if not dims:
+        return None
+    if len(dims) > 1:
+        names = mesh.mesh_dim_names or tuple(range(mesh.ndim))
+        raise ValueError(
+            "w1_EFD: experts sharded along dim 0 over several mesh dims "
+            f"{[names[i] for i in dims]}; expected one (torchtitan's EP dim)"
+        )
+    return mesh.get_group(dims[0])
+
+
+def _routed_forward(
+    self,
+    x_BLD: Tensor,
+    topk_scores_BLK: Tensor,
+    topk_expert_ids_BLK: Tensor,
+    num_local_tokens_per_expert_E: Tensor,
+) -> Tensor:
+    """torchtitan's ``RoutedExperts.forward`` (dispatch, SwiGLU experts, weighted combine)
+    as groupmm's fused block: :func:`groupmm.fused.expert_block` on the routes of the
+    router's ids (EP = 1), :func:`groupmm.parallel.expert_parallel_block` over the EP
+    group of the experts' weights (EP > 1)."""
+    params = [getattr(self.inner_experts, n) for n in _WEIGHTS]
+    w1, w2, w3 = (_local(w) for w in params)
+    if not all(type(w) in _PLAIN for w in (w1, w2, w3)) or _spmd_type_checking():
+        # weights of another tensor subclass (float8 wrappers) or SPMD type checking:
+        # torchtitan's own dispatch, experts and combine
+        return self._groupmm_parent.forward(
+            self, x_BLD, topk_scores_BLK, topk_expert_ids_BLK, num_local_tokens_per_expert_E
+        )
+    dim = x_BLD.shape[-1]
+    top_k = topk_expert_ids_BLK.shape[-1]
+    x = x_BLD.reshape(-1, dim)
+    ids = topk_expert_ids_BLK.reshape(-1, top_k)
+    scores = topk_scores_BLK.reshape(-1, top_k)
+    dtype = x.dtype if self.groupmm_dtype is None else self.groupmm_dtype
+    w_in, w_out = _pair(w1, w2, w3, dtype)
+    if scores.dtype not in (dtype, torch.float32):
+        scores = scores.float()  # torchtitan weights the experts' outputs in float32
+    group = _ep_group(params[0])
+    if group is None:
+        r = routes(ids, w1.shape[0])
+        out = expert_block(x.to(dtype), w_in, w_out, r.offs, r.src, r.inverse, scores)
+    else:
+        out = expert_parallel_block(x.to(dtype), ids, scores, w_in, w_out, group)
+    return out.type_as(x_BLD).view(x_BLD.shape[0], -1, dim)
+
+
+_OURS = (_fused_forward, _groupmm_seam)
+_ROUTED_CLASSES: dict = {}
+
+
+def groupmm_routed_experts_class(parent: type) -> type:
+    """A subclass of ``parent`` (torchtitan's ``RoutedExperts``: ``inner_experts`` +
+    ``token_dispatcher``, ``forward(x_BLD, topk_scores_BLK, topk_expert_ids_BLK,
+    num_local_tokens_per_expert_E)``) whose forward is groupmm's fused block on the
+    routed tokens (:func:`enable_moe` says what runs). Cached; ``groupmm_dtype =
+    torch.bfloat16`` (the compute dtype, torchtitan's; None: the input's); its own
+    ``Config`` when ``parent`` has a dataclass one. A groupmm class gives itself."""
+    if not isinstance(parent, type) or not callable(getattr(parent, "forward", None)):
+        raise TypeError(f"parent: expected torchtitan's RoutedExperts class, found {parent!r}")
+    if getattr(parent, "_groupmm_routed", False):
+        return parent
+    if parent in _ROUTED_CLASSES:
+        return _ROUTED_CLASSES[parent]
+    name = f"Groupmm{parent.__name__}"
+    namespace: dict = {
+        "forward": _routed_forward,
+        "groupmm_dtype": torch.bfloat16,
+        "_groupmm_parent": parent,
+        "_groupmm_routed": True,
+        "__module__": parent.__module__,
+        "__doc__": f"{parent.__name__} on groupmm's fused SwiGLU block (dispatch, "
+        "experts and combine in one).",
+    }
+    _own_config(parent, name, namespace)
+    cls = type(name, (parent,), namespace)
+    _ROUTED_CLASSES[parent] = cls
+    return cls
+
+
+def _swiglu_experts_class(cls: type) -> bool:
+    """``cls`` computes torchtitan's SwiGLU experts: its ``forward`` and ``_grouped_mm``
+    are torchtitan's ``GroupedExperts``' own or groupmm's."""
+    for attr in ("forward", "_grouped_mm"):
+        fn = getattr(cls, attr, None)
+        if fn in _OURS:
+            continue
+        where = (getattr(fn, "__module__", None), getattr(fn, "__qualname__", None))
+        if where != (_TT_MOE, f"GroupedExperts.{attr}"):
+            return False
+    return True
+
+
+def _moe_parts(module: Any) -> Optional[Tuple[Any, Any, Any]]:
+    """``(routed_experts, inner_experts, token_dispatcher)`` of a torchtitan ``MoE``
+    (router, routed experts, the ``tokens_per_expert_E`` buffer), else None."""
+    routed = getattr(module, "routed_experts", None)
+    inner = getattr(routed, "inner_experts", None)
+    dispatcher = getattr(routed, "token_dispatcher", None)
+    if not (
+        isinstance(routed, torch.nn.Module)
+        and isinstance(inner, torch.nn.Module)
+        and dispatcher is not None
+        and isinstance(getattr(module, "router", None), torch.nn.Module)
+        and hasattr(module, "tokens_per_expert_E")
+    ):
+        return None
+    return routed, inner, dispatcher
+
+
+def _why_not(fqn: str, routed: Any, inner: Any, dispatcher: Any) -> Optional[Exception]:
+    """The error saying why the MoE at ``fqn`` cannot run on groupmm's block, or None."""
+    at = f"model: {fqn}.routed_experts" if fqn else "model: routed_experts"
+    names = {n for n, _ in inner.named_parameters()}
+    if names != set(_WEIGHTS) or not _swiglu_experts_class(type(inner)):
+        return TypeError(
+            f"{at}.inner_experts is {type(inner).__name__} (parameters "
+            f"{sorted(names)}), not torchtitan's SwiGLU GroupedExperts (w1_EFD, w2_EDF, "
+            "w3_EFD, no bias); enable_moe runs SwiGLU experts only: use enable(model) for "
+            "this class (its expert products on groupmm's grouped_mm seam)"
+        )
+    experts = inner.w1_EFD.shape[0]
+    if getattr(dispatcher, "num_experts", experts) != experts:
+        return ValueError(
+            f"{at}: its token dispatcher routes to {dispatcher.num_experts} experts, "
+            f"its inner_experts hold {experts}"
+        )
+    if "forward" in routed.__dict__:
+        return ValueError(
+            f"{at} has a forward of its own (torchtitan's Module.parallelize wraps it): "
+            "call enable_moe before parallelize, or build the model from a config "
+            "converted by convert_moe_config"
+        )
+    return None
+
+
+#: enable_moe's dtype default: the class's groupmm_dtype
+_KEEP: Any = object()
+
+
+def enable_moe(model: torch.nn.Module, *, dtype: Any = _KEEP) -> int:
+    """Run every torchtitan ``MoE`` layer inside ``model`` (``model`` itself included)
+    on groupmm's fused MoE block, in place. Returns how many MoE layers run on groupmm
+    afterwards.
+
+    What runs: the ``MoE`` module keeps torchtitan's own forward, so its router module
+    (scores, softmax or sigmoid, ``expert_bias_E`` for aux-loss-free balancing,
+    node-limited routing, ``route_norm``, ``route_scale``), its per-expert token counts
+    and the ``tokens_per_expert_E`` accumulation its load-balancing update reads, and its
+    shared experts run exactly as in torchtitan; its ``routed_experts`` (token
+    dispatcher, grouped experts, weighted combine) gets the class from
+    :func:`groupmm_routed_experts_class`: groupmm's fused block on the router's ids and
+    weights, the experts' ``w1``/``w3`` read in place as the pair ``(gate, up)`` (no
+    per-step copy) and ``w2`` as ``w_out``, computed in ``groupmm_dtype`` (torchtitan's
+    bfloat16) and returned in the input's dtype. Parameters, buffers and their names are
+    unchanged (the same ``state_dict``: torchtitan's checkpoints load as they are).
+
+    - EP = 1 (plain weights, or DTensors whose expert dim is not sharded):
+      :func:`groupmm.fused.expert_block` on :func:`groupmm._glue.routes` of the ids; no
+      host sync; runs under ``torch.compile(fullgraph=True)`` per transformer block as
+      torchtitan compiles it.
+    - EP > 1 (torchtitan's ``MoE.parallelize`` with EP: the experts' weights DTensors
+      sharded along dim 0 over the EP mesh dim): :func:`groupmm.parallel.
+      expert_parallel_block` over that mesh dim's process group (taken from
+      ``w1_EFD.device_mesh``) on the local shards, each token sent once to each rank
+      holding any of its experts; torchtitan's dispatcher is not used. One host sync per
+      layer call (the split sizes): under ``torch.compile`` that is a graph break, so
+      compile the blocks with ``fullgraph=False`` at EP > 1.
+    - Weights of another tensor subclass (float8 wrappers) and SPMD type checking:
+      torchtitan's own routed forward.
+
+    Args:
+        model: a built torchtitan model or module, before ``Module.parallelize`` (which
+            wraps the forward it finds; ``convert_moe_config`` converts a config before
+            the model is built).
+        dtype: the experts' compute dtype for the converted layers (``groupmm_dtype``;
+            None: the input's dtype); by default the class's, ``torch.bfloat16``.
+
+    Raises ``ValueError`` (``model`` holds no MoE layer; a layer parallelized already),
+    ``TypeError`` (experts that are not torchtitan's SwiGLU ``GroupedExperts``: use
+    :func:`enable`, the seam, for those); nothing changes when it raises."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model: expected a torch.nn.Module, found {type(model).__name__}")
+    if dtype is not _KEEP and dtype is not None and not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype: expected a torch.dtype or None, found {dtype!r}")
+    layers = []
+    for fqn, module in model.named_modules():
+        parts = _moe_parts(module)
+        if parts is not None:
+            layers.append((fqn, *parts))
+    if not layers:
+        raise ValueError(
+            f"model: {type(model).__name__} holds no torchtitan MoE layer (a module with "
+            "router, routed_experts.inner_experts, routed_experts.token_dispatcher and "
+            "tokens_per_expert_E); nothing was switched to groupmm"
+        )
+    for fqn, routed, inner, dispatcher in layers:
+        if getattr(type(routed), "_groupmm_routed", False):
+            continue
+        error = _why_not(fqn, routed, inner, dispatcher)
+        if error is not None:
+            raise error
+    for _fqn, routed, _inner, _dispatcher in layers:
+        routed.__class__ = groupmm_routed_experts_class(type(routed))
+        if dtype is not _KEEP:
+            routed.groupmm_dtype = dtype
+    return len(layers)
+
+
+def convert_moe_config(model_config: Any) -> Any:
+    """torchtitan's model config (``Module.Config`` tree, e.g. ``model_registry(
+    "30B-A3B").model``) with every ``RoutedExperts.Config`` replaced by the config of
+    :func:`groupmm_routed_experts_class`'s class, as torchtitan's own model converters
+    swap classes before the build: the model built from it has its MoE layers on groupmm
+    (:func:`enable_moe` says what runs) before torchtitan parallelizes it. Returns the
+    config (the same object, changed in place, unless the root itself is replaced).
+    Imports torchtitan. ``TypeError`` (nothing changed) where the experts are not
+    torchtitan's SwiGLU ``GroupedExperts``."""
+    RoutedExperts = importlib.import_module(_TT_MOE).RoutedExperts
+
+    found = list(model_config.traverse(RoutedExperts.Config))
+    for fqn, config, _parent, _attr in found:
+        owner = type(config.inner_experts)._owner
+        if not _swiglu_experts_class(owner):
+            raise TypeError(
+                f"model_config: {fqn}.inner_experts builds {owner.__name__}, not "
+                "torchtitan's SwiGLU GroupedExperts; use enable(model) for this class"
+            )
+    for _fqn, config, parent, attr in found:
+        cls = groupmm_routed_experts_class(type(config)._owner)
+        fields = dataclasses.fields(config)
+        new = cast(Any, cls).Config(**{f.name: getattr(config, f.name) for f in fields if f.init})
+        if parent is None:
+            model_config = new
+        elif isinstance(parent, list):
+            parent[attr] = new
+        else:
+            setattr(parent, attr, new)
+    return model_config

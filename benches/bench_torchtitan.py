@@ -1,0 +1,479 @@
+"""Training steps of a torchtitan MoE model: torchtitan's own MoE layers against the same
+model with its MoE layers on groupmm (``groupmm.integrations.torchtitan.enable_moe``).
+
+    NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc-per-node W benches/bench_torchtitan.py \
+        [--configs qwen3-30b-a3b,mixtral] [--layers 2] [--tokens-per-gpu 8192] \
+        [--steps 50] [--compile] [--json OUT] [--md OUT]
+    python3 -m torch.distributed.run --standalone --nproc-per-node 2 \
+        benches/bench_torchtitan.py --device cpu --tiny --steps 5      # gloo smoke run
+
+Model: torchtitan's ``Qwen3Model`` built by its MoE flavours' recipe
+(``qwen3._build_qwen3_moe_layers``), ``--layers`` blocks, torchtitan's init (each router
+gate redrawn so that its scores are apart), vocabulary ``--vocab``. Configs (d_model, moe
+hidden, experts, top-k, heads, kv heads, head dim): ``CONFIGS`` below. Attention:
+torchtitan's flex attention with its document masks on CUDA, its causal
+``ScaledDotProductAttention`` on the CPU (flex has no CPU backward).
+
+EP = W, set up as torchtitan does (``ParallelDims(ep=W)``, its Qwen3 sharding config,
+``Model.parallelize``: experts sharded along dim 0 over the EP mesh dim, its
+``AllToAllTokenDispatcher`` wired; ``partial_dtensor`` SPMD backend). Each rank has its
+own tokens (``--data-batches`` fixed random batches in turn: the loss falls). A step:
+forward, cross-entropy, backward, the gradients of the ranks' mean loss (replicated
+parameters averaged, expert shards divided by W: data parallelism without FSDP),
+torchtitan's aux-loss-free expert-bias update, ``AdamW.step``; in ``--dtype`` (bf16 on
+CUDA, as FSDP's bf16 parameters; fp32 on the CPU).
+
+Implementations: ``torchtitan`` (router, dispatcher, ``GroupedExperts`` on
+``torch._grouped_mm``), ``groupmm`` (``enable_moe`` before ``parallelize``: torchtitan's
+router, shared experts and bookkeeping, groupmm's fused block; ``expert_parallel_block``
+at EP > 1); same weights, same tokens. ``--compile``: every block compiled by
+torchtitan's ``apply_compile`` (``fullgraph=True``, ``capture_scalar_outputs``: the
+exchanges' split sizes are data-dependent sizes in the graph), both implementations.
+
+Timing: ``--warmup`` steps each, then ``--steps`` rounds in which the implementations
+take turns, the first rotating (``timing.rr_orders``). A step is timed from a barrier to
+the end of its optimizer step (CUDA events, ``perf_counter`` on the CPU; the slowest
+rank's time): median ms and spread (``timing.spread``), tokens/s over all GPUs, in eager
+runs the MoE layers' forward + backward ms per step (stamps around each MoE module, the
+backward's by identity autograd functions), rank 0's loss curve and its largest
+difference from torchtitan's. Outputs: lines, markdown (``--md``), JSON (``--json``).
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import os
+import sys
+
+import groupmm
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from cli import comma_list, line_buffered_stdout, parser  # benches/cli.py, same folder
+from ep_split import Clock  # benches/ep_split.py, same folder
+from report import dist_version, error_text, fmt, started, write_outputs
+from timing import rr_orders, spread
+
+#: d_model, moe hidden, experts, top-k, heads, kv heads, head dim
+CONFIGS = {
+    "qwen3-30b-a3b": (2048, 768, 128, 8, 32, 4, 128),
+    "mixtral": (4096, 14336, 8, 2, 32, 8, 128),
+    "tiny": (64, 32, 8, 2, 4, 2, 16),
+}
+IMPLS = ("torchtitan", "groupmm")
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def parse_args(argv=None):
+    p = parser(__doc__)
+    p.add_argument("--configs", default="qwen3-30b-a3b,mixtral", help="comma list")
+    p.add_argument("--tiny", action="store_true", help="the tiny config (CPU smoke run)")
+    p.add_argument("--impls", default=",".join(IMPLS), help="comma list")
+    p.add_argument("--layers", type=int, default=2, help="transformer blocks")
+    p.add_argument("--tokens-per-gpu", type=int, help="default 8192 (cuda), 64 (cpu)")
+    p.add_argument("--seq-len", type=int, help="default 2048 (cuda), 32 (cpu)")
+    p.add_argument("--vocab", type=int, help="default 32768 (256 for tiny)")
+    p.add_argument("--steps", type=int, default=50, help="timed steps (the loss curve)")
+    p.add_argument("--warmup", type=int, default=3, help="steps per implementation first")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--data-batches", type=int, default=4, help="random batches, cycled")
+    p.add_argument("--compile", action="store_true", help="torchtitan's apply_compile")
+    p.add_argument("--compile-backend", default="inductor", help="e.g. aot_eager (CPU)")
+    p.add_argument("--device", choices=("cuda", "cpu"))
+    p.add_argument("--dtype", choices=tuple(DTYPES), help="default bf16 (cuda), fp32 (cpu)")
+    p.add_argument("--attention", choices=("flex", "sdpa"), help="default flex (cuda)")
+    p.add_argument("--json", help="results (rank 0), rewritten after every config")
+    p.add_argument("--md", help="the table in markdown, rewritten after every config")
+    args = p.parse_args(argv)
+    args.configs = "tiny" if args.tiny else args.configs
+    bad = [c for c in comma_list(args.configs) if c not in CONFIGS]
+    bad += [i for i in comma_list(args.impls) if i not in IMPLS]
+    if bad or args.steps < 1 or args.warmup < 0:
+        p.error(f"unknown {bad}" if bad else "--steps >= 1, --warmup >= 0")
+    return args
+
+
+# --------------------------------------------------------------------------- the model
+
+
+def torch_compat() -> list:
+    """Names torchtitan 0.3.0's model packages import from torch that this torch lacks
+    (``torch.distributed.fsdp.DataParallelMeshDims``, newer than torch 2.11), defined as
+    placeholders: they are annotations and FSDP arguments, and this bench runs no FSDP.
+    Returns the names defined (said in the output)."""
+    import torch.distributed.fsdp as fsdp
+
+    added = []
+    if not hasattr(fsdp, "DataParallelMeshDims"):
+        fsdp.DataParallelMeshDims = type("DataParallelMeshDims", (), {})
+        added.append("torch.distributed.fsdp.DataParallelMeshDims")
+    return added
+
+
+def model_config(spec, layers: int, vocab: int, seq_len: int, attention: str):
+    """torchtitan's Qwen3-MoE config of ``spec``'s sizes (its flavours' recipe)."""
+    from torchtitan.models import qwen3
+    from torchtitan.models.common import CosSinRoPE, Embedding, Linear
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+
+    dim, hidden, experts, top_k, heads, kv_heads, head_dim = spec
+    cfg = qwen3.Qwen3Model.Config(
+        vocab_size=vocab,
+        dim=dim,
+        norm=qwen3._qwen3_norm(dim),
+        tok_embeddings=Embedding.Config(
+            num_embeddings=vocab, embedding_dim=dim, param_init=qwen3._EMBEDDING_INIT
+        ),
+        lm_head=Linear.Config(in_features=dim, out_features=vocab, param_init=qwen3._LINEAR_INIT),
+        layers=qwen3._build_qwen3_moe_layers(
+            **dict(n_layers=layers, dim=dim, n_heads=heads, n_kv_heads=kv_heads),
+            **dict(head_dim=head_dim, moe_hidden_dim=hidden, num_experts=experts, top_k=top_k),
+            attn_backend="flex",
+            moe_comm_backend="standard",
+            rope=CosSinRoPE.Config(dim=head_dim, max_seq_len=seq_len, theta=1e6),
+        ),
+    )
+    if attention == "sdpa":
+        for layer in cfg.layers:
+            layer.attention.inner_attention = ScaledDotProductAttention.Config()
+    return cfg
+
+
+def setup_parallel(W: int, cpu: bool):
+    """torchtitan's ParallelDims with EP = W (its partial_dtensor SPMD backend)."""
+    import torchtitan.distributed.parallel_dims as pd
+    import torchtitan.distributed.utils as tdu
+
+    if cpu:
+        pd.device_type = "cpu"  # torchtitan takes "cuda" when no accelerator is present
+    if not hasattr(torch.compiler, "_is_non_strict_tracing"):  # asked by its dispatcher
+        torch.compiler._is_non_strict_tracing = lambda: False  # type: ignore[attr-defined]
+    tdu.set_spmd_backend("partial_dtensor")
+    dims = dict(dp_replicate=1, dp_shard=-1, cp=1, tp=1, pp=1, ep=W, world_size=W)
+    pdims = pd.ParallelDims(**dims, spmd_backend="partial_dtensor")
+    pdims.build_mesh()
+    return pdims
+
+
+def build_models(args, spec, pdims, impls, dev, dtype, seq_len):
+    """``{impl: model}`` from one set of weights, parallelized (EP > 1) and compiled."""
+    added = torch_compat()
+    from groupmm.integrations import torchtitan as tt
+    from torchtitan.distributed.compile import apply_compile
+    from torchtitan.models.qwen3.sharding import set_qwen3_sharding_config
+
+    W = dist.get_world_size()
+    cfg = model_config(spec, args.layers, args.vocab, seq_len, args.attention)
+    if W > 1:
+        set_qwen3_sharding_config(cfg, enable_sp=False, enable_ep=True)
+    torch.manual_seed(0)
+    with torch.device(dev):
+        base = cfg.build()
+        base.init_states()
+    with torch.no_grad():  # routing scores apart: the two implementations route alike
+        for layer in base.layers.values():
+            layer.moe.router.gate.weight.normal_(0, spec[0] ** -0.5)
+    base = base.to(dtype)
+    models, notes = {}, [f"placeholder for torchtitan: {n}" for n in added]
+    for impl in impls:
+        model = copy.deepcopy(base)
+        if impl == "groupmm":
+            tt.enable_moe(model)  # before parallelize, which wraps what it finds
+        if W > 1:
+            model.parallelize(pdims)
+        if args.compile:
+            no_tp = type("NoTP", (), {"tp_enabled": False})()
+            config = _compile_config(args.compile_backend)
+            apply_compile(model, compile_config=config, parallel_dims=no_tp)
+        models[impl] = model.train()
+    return models, notes
+
+
+def _compile_config(backend: str):
+    from torchtitan.config import CompileConfig
+
+    return CompileConfig(enable=True, backend=backend)
+
+
+# --------------------------------------------------------------------------- a step
+
+
+class _Stamp(torch.autograd.Function):
+    """Identity that appends a clock stamp to ``stamps[fwd]`` in the forward and to
+    ``stamps[bwd]`` when the gradient passes."""
+
+    @staticmethod
+    def forward(ctx, t, stamps, clock, fwd, bwd):
+        ctx.stamps, ctx.clock, ctx.bwd = stamps, clock, bwd
+        stamps.setdefault(fwd, []).append(clock.stamp())
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.stamps.setdefault(ctx.bwd, []).append(ctx.clock.stamp())
+        return grad, None, None, None, None
+
+
+def time_moe_layers(model, clock, stamps: dict) -> None:
+    """Stamps around every MoE module of ``model``: ``fi``/``fo`` (its input, output in
+    the forward), ``bo``/``bi`` (their gradients in the backward)."""
+    for block in model.layers.values():
+        moe = block.moe
+        moe.register_forward_pre_hook(lambda m, a: (_Stamp.apply(a[0], stamps, clock, "fi", "bi"),))
+        moe.register_forward_hook(lambda m, a, out: _Stamp.apply(out, stamps, clock, "fo", "bo"))
+
+
+def moe_ms(clock, stamps: dict):
+    n = len(stamps.get("fi", ()))
+    if not n or not all(len(stamps.get(k, ())) == n for k in ("fo", "bo", "bi")):
+        return None
+    fwd = sum(clock.ms(a, b) for a, b in zip(stamps["fi"], stamps["fo"]))
+    return fwd + sum(clock.ms(a, b) for a, b in zip(stamps["bo"], stamps["bi"]))
+
+
+def batch(args, rank: int, step: int, dev, vocab: int):
+    """Step ``step``'s tokens and labels on ``rank``: one of ``--data-batches`` fixed
+    random batches per rank, in turn (a model can learn them: the loss curve falls)."""
+    gen = torch.Generator().manual_seed(1_000_003 * (step % args.data_batches) + rank)
+    tokens = torch.randint(0, vocab, (args.batch, args.seq_len + 1), generator=gen).to(dev)
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def train_step(model, opt, tokens, labels, positions, masks):
+    opt.zero_grad(set_to_none=True)
+    logits = model(tokens, positions, masks)
+    loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
+    loss.backward()
+    W = dist.get_world_size()
+    with torch.no_grad():
+        if W > 1:  # the gradient of the ranks' mean loss: data parallelism's average
+            for p in model.parameters():
+                if p.grad is None:
+                    continue
+                if type(p.grad) is torch.Tensor:  # replicated: average over the ranks
+                    dist.all_reduce(p.grad)
+                    p.grad.div_(W)
+                else:  # the experts' shards: already summed over every rank's tokens
+                    _plain(p.grad).div_(W)
+        update_expert_bias(model)
+    opt.step()
+    return loss.detach()
+
+
+def update_expert_bias(model) -> None:
+    """torchtitan's aux-loss-free balancing update (its optimizer pre-hook): the counts
+    summed over the ranks, ``bias += coeff * sign(mean - counts)`` centred, counts zeroed."""
+    for block in model.layers.values():
+        moe = block.moe
+        if moe.load_balance_coeff is None:
+            continue
+        counts = _plain(moe.tokens_per_expert_E).float()
+        if dist.get_world_size() > 1:
+            dist.all_reduce(counts)
+        delta = moe.load_balance_coeff * torch.sign(counts.mean() - counts)
+        _plain(moe.expert_bias_E).add_((delta - delta.mean()).to(moe.expert_bias_E.dtype))
+        _plain(moe.tokens_per_expert_E).zero_()
+
+
+def _plain(t):
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+# --------------------------------------------------------------------------- a config
+
+
+def run_config(name, args, ctx) -> dict:
+    dev, dtype, rank, W, clock = ctx["dev"], ctx["dtype"], ctx["rank"], ctx["W"], ctx["clock"]
+    spec = CONFIGS[name]
+    impls = comma_list(args.impls)
+    if spec[2] % W:
+        raise SystemExit(f"{name}: {spec[2]} experts do not divide over {W} ranks")
+    models, notes = build_models(args, spec, ctx["pdims"], impls, dev, dtype, args.seq_len)
+    opts = {
+        k: torch.optim.AdamW(m.parameters(), lr=args.lr, foreach=False) for k, m in models.items()
+    }
+    stamps = {k: {} for k in impls}
+    if not args.compile:
+        for k, m in models.items():
+            time_moe_layers(m, clock, stamps[k])
+    positions = torch.arange(args.seq_len, device=dev).expand(args.batch, args.seq_len)
+    masks = None
+    if args.attention == "flex":
+        masks = next(iter(models.values())).get_attention_masks(positions)
+    row = {"config": name, "spec": spec, "notes": notes, "impls": {}, "errors": {}}
+    steps_ms = {k: [] for k in impls}
+    moe = {k: [] for k in impls}
+    losses = {k: [] for k in impls}
+    order = rr_orders(len(impls), args.warmup + args.steps)
+    for i, turn in enumerate(order):
+        step = max(0, i - args.warmup)  # warm-up steps repeat step 0's data
+        tokens, labels = batch(args, rank, step, dev, args.vocab)
+        for j in turn:
+            k = impls[j]
+            if k in row["errors"]:
+                continue
+            stamps[k].clear()
+            clock.sync()
+            dist.barrier()
+            t0 = clock.stamp()
+            try:
+                loss = train_step(models[k], opts[k], tokens, labels, positions, masks)
+            except Exception as e:  # noqa: BLE001 - reported in the row; every rank raises
+                if os.environ.get("BENCH_TRACEBACK"):
+                    import traceback
+
+                    traceback.print_exc()
+                row["errors"][k] = error_text(e)
+                continue
+            t1 = clock.stamp()
+            clock.sync()
+            if i < args.warmup:
+                continue
+            ms = torch.tensor([clock.ms(t0, t1), moe_ms(clock, stamps[k]) or -1.0], device=dev)
+            dist.all_reduce(ms, op=dist.ReduceOp.MAX)
+            steps_ms[k].append(ms[0].item())
+            if ms[1] >= 0:
+                moe[k].append(ms[1].item())
+            losses[k].append(loss.float().item())
+    tokens_all = args.batch * args.seq_len * W
+    for k in impls:
+        if k in row["errors"] or not steps_ms[k]:
+            continue
+        sp = spread(steps_ms[k])
+        row["impls"][k] = {
+            "step_ms": sp["median"],
+            "spread": sp,
+            "tokens_per_s": tokens_all / sp["median"] * 1e3,
+            "moe_ms": spread(moe[k])["median"] if moe[k] else None,
+            "losses": losses[k],
+            "samples": steps_ms[k],
+        }
+    ref = row["impls"].get("torchtitan")
+    for r in row["impls"].values():
+        if ref is not None:
+            r["speedup"] = ref["step_ms"] / r["step_ms"]
+            r["max_loss_diff"] = max(abs(a - b) for a, b in zip(r["losses"], ref["losses"]))
+    del models, opts
+    return row
+
+
+# --------------------------------------------------------------------------- outputs
+
+
+def format_line(row, k) -> str:
+    r = row["impls"][k]
+    return (
+        f"   {k:<11} step {r['step_ms']:9.2f} ms  {r['tokens_per_s']:11.0f} tok/s  "
+        f"moe {fmt(r['moe_ms']):>9} ms  x{fmt(r.get('speedup')):>5}  "
+        f"loss {r['losses'][0]:.4f} -> {r['losses'][-1]:.4f}  "
+        f"max |dloss| {fmt(r.get('max_loss_diff'), '.2e')}"
+    )
+
+
+def render_md(doc) -> str:
+    out = [
+        f"# torchtitan MoE training steps: torchtitan vs groupmm ({doc['device']}, "
+        f"EP = {doc['world']})",
+        "",
+        f"`{' '.join(doc['argv'])}`",
+        "",
+        f"torch {doc['torch']}, torchtitan {doc['torchtitan']}, dtype {doc['dtype']}, "
+        f"{doc['layers']} layers, {doc['tokens_per_gpu']} tokens per GPU, compile "
+        f"{doc['compile']}, {doc['steps']} steps after {doc['warmup']} warm-up each.",
+        "",
+        "| config | impl | step ms | spread (q1-q3) | tokens/s | MoE fwd+bwd ms | "
+        "vs torchtitan | loss first -> last | max abs loss diff |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in doc["rows"]:
+        for k, r in row["impls"].items():
+            sp = r["spread"]
+            out.append(
+                f"| {row['config']} | {k} | {r['step_ms']:.2f} | {sp['q1']:.2f}-{sp['q3']:.2f} "
+                f"| {r['tokens_per_s']:.0f} | {fmt(r['moe_ms'])} | {fmt(r.get('speedup'))}x | "
+                f"{r['losses'][0]:.4f} -> {r['losses'][-1]:.4f} | "
+                f"{fmt(r.get('max_loss_diff'), '.2e')} |"
+            )
+        for k, why in row["errors"].items():
+            out.append(f"| {row['config']} | {k} | failed: {why} | | | | | | |")
+        out += [f"\n{note}" for note in row["notes"]]
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None) -> int:
+    line_buffered_stdout()
+    args = parse_args(argv)
+    if "RANK" not in os.environ:  # a plain `python3 bench_torchtitan.py`: one rank
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29533")
+    cuda = (args.device or ("cuda" if torch.cuda.is_available() else "cpu")) == "cuda"
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    timeout = datetime.timedelta(seconds=300)
+    if cuda:
+        torch.cuda.set_device(local)
+        dev = torch.device("cuda", local)
+        dist.init_process_group("nccl", timeout=timeout, device_id=dev)
+    else:
+        dev = torch.device("cpu")
+        dist.init_process_group("gloo", timeout=timeout)
+    rank, W = dist.get_rank(), dist.get_world_size()
+    args.attention = args.attention or ("flex" if cuda else "sdpa")
+    args.tokens_per_gpu = args.tokens_per_gpu or (8192 if cuda else 64)
+    args.seq_len = min(args.seq_len or (2048 if cuda else 32), args.tokens_per_gpu)
+    args.batch = max(1, args.tokens_per_gpu // args.seq_len)
+    args.vocab = args.vocab or (256 if args.configs == "tiny" else 32768)
+    dtype = DTYPES[args.dtype or ("bf16" if cuda else "fp32")]
+    code = 0
+    try:
+        ctx = dict(dev=dev, dtype=dtype, rank=rank, W=W, clock=Clock(cuda))
+        ctx["pdims"] = setup_parallel(W, not cuda) if W > 1 else None
+        doc = dict(
+            schema="torchtitan-1",
+            complete=False,
+            argv=[f"torchrun --nproc-per-node {W} benches/bench_torchtitan.py", *sys.argv[1:]],
+            started=started(),
+            device=torch.cuda.get_device_name(dev) if cuda else "cpu",
+            world=W,
+            torch=torch.__version__,
+            torchtitan=dist_version(("torchtitan",), "torchtitan"),
+            groupmm=groupmm.build_info(),
+            dtype=str(dtype).replace("torch.", ""),
+            tokens_per_gpu=args.batch * args.seq_len,
+            rows=[],
+            **{k: getattr(args, k) for k in ("layers", "seq_len", "vocab", "compile")},
+            **{k: getattr(args, k) for k in ("attention", "steps", "warmup")},
+        )
+        for name in comma_list(args.configs):
+            if rank == 0:
+                print(f"== {name} {CONFIGS[name]}, EP={W}, {doc['tokens_per_gpu']} tokens/GPU")
+            row = run_config(name, args, ctx)
+            if rank == 0:
+                for k in row["impls"]:
+                    print(format_line(row, k))
+                for k, why in row["errors"].items():
+                    print(f"   {k}: {why}")
+                    code = 1
+                doc["rows"].append(row)
+                write_outputs(doc, args.json, args.md, render_md)
+        doc["complete"] = True
+        if rank == 0:
+            write_outputs(doc, args.json, args.md, render_md)
+            print(render_md(doc))
+    except Exception as e:  # noqa: BLE001 - print on every rank, then leave
+        import traceback
+
+        print(f"[rank {rank}] {error_text(e)}", file=sys.stderr)
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        dist.barrier()  # gloo's teardown after collectives may abort: leave together
+    except Exception:  # noqa: BLE001
+        pass
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
