@@ -4,11 +4,14 @@ and "sonicmoe" (when it loads), in one process, on the same model and inputs.
 
     python benches/bench_transformers.py [--json out.json] [--reps 10] [--tokens 4096,16384]
     python benches/bench_transformers.py --device cpu --tiny      # a quick run anywhere
+    python benches/bench_transformers.py --configs qwen3-30b-a3b --tokens 4096 --layers 2 \
+        --profile-host --json out.json                            # host vs GPU time
 
-Models: one decoder layer (``num_hidden_layers=1``, a 256-token vocabulary so that the
+Models: ``--layers`` decoder layers (default 1; a 256-token vocabulary so that the
 embedding and head are negligible) with random weights of a Qwen3-30B-A3B-sized config
 (hidden 2048, moe_intermediate 768, 128 experts, top-8) and an OLMoE-sized one (hidden
-2048, intermediate 1024, 64 experts, top-8), bf16, batch 1 of T tokens.
+2048, intermediate 1024, 64 experts, top-8), bf16, batch 1 of T tokens. The ``moe``
+passes run the first layer's MoE block.
 
 Passes, per implementation:
 - ``layer fwd``: the whole decoder layer (attention included) under ``torch.no_grad``;
@@ -24,6 +27,24 @@ at the smallest T only (it is slow). A failing implementation is reported in the
 and the JSON, and the run goes on. The last column is grouped_mm's time over groupmm's
 (> 1: groupmm faster); ``rel diff`` is the relative Frobenius difference of groupmm's
 MoE-block output to grouped_mm's (same routing, bf16).
+
+``--profile-host``: whether a step is host-bound. After its timings, each implementation
+runs ``--profile-steps`` more steps of each pass one at a time (the device idle at each
+step's start, so a step's host work is not hidden behind the previous step's kernels),
+and reports per step (median):
+- ``host ms``: wall time from the step's call to its return, no sync inside (the time
+  the host takes to issue the step; the backward's part runs on autograd's device
+  thread and the call waits for it); ``cpu ms``: the CPU time of the calling thread in
+  the same window (``time.thread_time``);
+- ``prof host ms``: the same window under ``torch.profiler`` (the profiler's own cost
+  included), ``ops``: the aten ops the step calls directly (not those inside another
+  op: the ones that each cost a dispatch from Python or autograd);
+- ``GPU ms``: the union of the device's kernel (and memcpy/memset) intervals of the step,
+  ``GPU sum``: their summed durations, ``kernels``: their number;
+- ``host/GPU``: host ms over GPU ms (> 1: the host is the bottleneck; a training loop
+  that queues steps back to back then runs at the host's pace).
+On the CPU (``--device cpu``) the GPU columns are 0. The JSON rows carry them under
+``"host"``.
 
 Runs on torch >= 2.9 with transformers >= 5.0 (5.17 on the GPU machine).
 """
@@ -102,12 +123,14 @@ IMPLS = ["groupmm", "grouped_mm", "eager", "sonicmoe"]
 PASSES = ["layer fwd", "layer fwd+bwd", "moe fwd", "moe fwd+bwd"]
 
 
-def build_model(cls_name: str, kwargs: dict, device: str, dtype: torch.dtype, seed: int):
+def build_model(
+    cls_name: str, kwargs: dict, device: str, dtype: torch.dtype, seed: int, layers: int = 1
+):
     import transformers
 
     config = getattr(transformers, cls_name)(
         vocab_size=256,
-        num_hidden_layers=1,
+        num_hidden_layers=layers,
         max_position_embeddings=32768,
         pad_token_id=0,
         bos_token_id=1,
@@ -184,6 +207,98 @@ def steps(model, tokens: int, device: str, dtype: torch.dtype, seed: int):
     }, moe_out
 
 
+STEP_MARK = "bench_transformers.step"
+
+
+def _union_ms(spans) -> float:
+    """Total length in ms of the union of ``(start_ns, end_ns)`` intervals."""
+    total, end = 0, None
+    for a, b in sorted(spans):
+        if end is None or a > end:
+            total += b - a
+            end = b
+        elif b > end:
+            total += b - end
+            end = b
+    return total / 1e6
+
+
+def _direct_ops(events) -> int:
+    """aten ops not called from inside another aten op (each a dispatch from Python or
+    from an autograd node)."""
+    n = 0
+    for e in events:
+        if not e.name.startswith("aten::"):
+            continue
+        parent = e.cpu_parent
+        while parent is not None and not parent.name.startswith("aten::"):
+            parent = parent.cpu_parent
+        n += parent is None
+    return n
+
+
+def profile_host(step, device: str, steps: int) -> dict:
+    """Host and device time of one ``step()`` (module docstring, ``--profile-host``):
+    medians over ``steps`` steps, each started with the device idle."""
+    import statistics
+
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    cuda = device == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    for _ in range(2):
+        step()
+    host, cpu = [], []
+    for _ in range(steps):
+        sync()
+        t0, c0 = time.perf_counter(), time.thread_time()
+        step()
+        host.append((time.perf_counter() - t0) * 1e3)
+        cpu.append((time.thread_time() - c0) * 1e3)
+    sync()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            with record_function(STEP_MARK):
+                step()
+            sync()
+    raw = prof.profiler.kineto_results.events()
+    marks = sorted(
+        (e.start_ns(), e.end_ns())
+        for e in raw
+        if e.name() == STEP_MARK and e.device_type() == DeviceType.CPU
+    )
+    device_spans = [
+        (e.start_ns(), e.end_ns())
+        for e in raw
+        if e.device_type() == DeviceType.CUDA
+        and not e.is_user_annotation()
+        and e.name() != STEP_MARK
+    ]
+    prof_host, gpu, gpu_sum, kernels = [], [], [], []
+    for i, (start, end) in enumerate(marks):
+        stop = marks[i + 1][0] if i + 1 < len(marks) else float("inf")
+        mine = [(a, b) for a, b in device_spans if start <= a < stop]
+        prof_host.append((end - start) / 1e6)
+        gpu.append(_union_ms(mine))
+        gpu_sum.append(sum(b - a for a, b in mine) / 1e6)
+        kernels.append(len(mine))
+    ops = _direct_ops(prof.events()) / max(len(marks), 1)
+    med = statistics.median
+    out = {
+        "host_ms": med(host),
+        "cpu_ms": med(cpu),
+        "prof_host_ms": med(prof_host) if prof_host else None,
+        "gpu_ms": med(gpu) if gpu else 0.0,
+        "gpu_sum_ms": med(gpu_sum) if gpu_sum else 0.0,
+        "kernels": med(kernels) if kernels else 0,
+        "ops": ops,
+    }
+    out["host_over_gpu"] = out["host_ms"] / out["gpu_ms"] if out["gpu_ms"] else None
+    return out
+
+
 def short_error(err: BaseException) -> str:
     text = f"{type(err).__name__}: {err}".replace("\n", " ")
     return text[:160]
@@ -203,7 +318,16 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=2, help="best median over rounds")
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--layers", type=int, default=1, help="decoder layers of each model")
+    ap.add_argument(
+        "--profile-host",
+        action="store_true",
+        help="also host vs GPU time per step (torch.profiler; module docstring)",
+    )
+    ap.add_argument("--profile-steps", type=int, default=5, help="steps profiled per pass")
     args = ap.parse_args(argv)
+    if args.layers < 1 or args.profile_steps < 1:
+        ap.error("--layers and --profile-steps: expected a positive int")
 
     import groupmm
     import transformers
@@ -231,12 +355,13 @@ def main(argv=None) -> int:
         "reps": args.reps,
         "warmup": args.warmup,
         "rounds": args.rounds,
+        "layers": args.layers,
     }
     print(f"# {env['device']} | torch {env['torch']} | transformers {env['transformers']}")
     rows = []
     t_start = time.perf_counter()
     for name, (cls_name, kwargs) in configs.items():
-        model = build_model(cls_name, kwargs, device, dtype, seed=0)
+        model = build_model(cls_name, kwargs, device, dtype, seed=0, layers=args.layers)
         for tokens in tokens_list:
             closures, moe_out = steps(model, tokens, device, dtype, seed=1)
             results = {p: {} for p in passes}
@@ -271,20 +396,35 @@ def main(argv=None) -> int:
                         results[p][impl] = ms if prev is None else min(prev, ms)
                     if device == "cuda":
                         torch.cuda.empty_cache()
+            host = {p: {} for p in passes}
+            for impl in impls if args.profile_host else []:
+                if any(isinstance(results[p].get(impl), str) for p in passes):
+                    continue
+                set_impl(model, impl)
+                for p in passes:
+                    try:
+                        host[p][impl] = profile_host(closures[p], device, args.profile_steps)
+                    except Exception as err:
+                        host[p][impl] = short_error(err)
+                if device == "cuda":
+                    torch.cuda.empty_cache()
             diff = None
             if "groupmm" in outs and "grouped_mm" in outs:
                 a, b = outs["groupmm"], outs["grouped_mm"]
                 diff = (torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b)).item()
             for p in passes:
-                rows.append(
-                    {"config": name, "T": tokens, "pass": p, "ms": results[p], "rel_diff": diff}
-                )
+                row = {"config": name, "T": tokens, "pass": p, "ms": results[p], "rel_diff": diff}
+                if args.profile_host:
+                    row["host"] = host[p]
+                rows.append(row)
         del model
         if device == "cuda":
             torch.cuda.empty_cache()
     env["seconds"] = round(time.perf_counter() - t_start, 1)
 
     print_table(rows, impls)
+    if args.profile_host:
+        print_host_table(rows, impls)
     print(f"# {env['seconds']} s")
     if args.json:
         with open(args.json, "w") as f:
@@ -320,6 +460,37 @@ def print_table(rows, impls) -> None:
         )
     for impl, err in notes.items():
         print(f"# {impl}: {err}")
+
+
+HOST_COLUMNS = [
+    ("host ms", "host_ms"),
+    ("cpu ms", "cpu_ms"),
+    ("prof host ms", "prof_host_ms"),
+    ("GPU ms", "gpu_ms"),
+    ("GPU sum", "gpu_sum_ms"),
+    ("kernels", "kernels"),
+    ("ops", "ops"),
+    ("host/GPU", "host_over_gpu"),
+]
+
+
+def print_host_table(rows, impls) -> None:
+    """``--profile-host``: one line per pass and implementation."""
+    head = ["config", "T", "pass", "impl", *(h for h, _ in HOST_COLUMNS)]
+    print()
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for r in rows:
+        for impl in impls:
+            h = r.get("host", {}).get(impl)
+            if h is None:
+                continue
+            if isinstance(h, str):
+                cells = ["failed: " + h[:60]] + [""] * (len(HOST_COLUMNS) - 1)
+            else:
+                cells = [fmt(h[k]) if k != "kernels" else str(round(h[k])) for _, k in HOST_COLUMNS]
+            lead = f"| {r['config']} | {r['T']} | {r['pass']} | {impl} | "
+            print(lead + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

@@ -61,15 +61,16 @@ class Routes(NamedTuple):
     offs: Tensor
     """int32 ``[E]`` group ends over the routed rows; placeholders lie past ``offs[-1]``."""
     src: Tensor
-    """int64 ``[n]`` token of each sorted copy: the routed-row index."""
+    """``[n]`` token of each sorted copy: the routed-row index (``index_dtype``)."""
     inverse: Tensor
-    """int64 ``[T, k]`` routed row of copy ``(t, j)``."""
+    """``[T, k]`` routed row of copy ``(t, j)`` (``index_dtype``)."""
     order: Tensor
     """int64 ``[n]`` copy ``t*k + j`` at each sorted position."""
     keys: Tensor
     """int32 ``[n]`` expert of each sorted position (``E`` for a placeholder)."""
     dest: Tensor
-    """int64 ``[n]`` routed row of each sorted position (``arange(n)`` without padding)."""
+    """``[n]`` routed row of each sorted position (``arange(n)`` without padding;
+    ``index_dtype``)."""
     counts: Optional[Tensor]
     """int64 ``[E]`` copies per expert before padding (with ``counts=True`` or padding)."""
     capacity: Optional[int]
@@ -86,6 +87,7 @@ def routes(
     *,
     counts: bool = False,
     placeholders: bool = False,
+    index_dtype: torch.dtype = torch.int64,
 ) -> Routes:
     """The index side of a dispatch (no token data moves), on ``expert_ids``' device with
     no host sync; the shapes depend only on ``T``, ``k``, ``E`` and ``pad_to``.
@@ -93,7 +95,8 @@ def routes(
     One stable sort of the int32 expert keys orders the copies by expert (within an
     expert by token, then by slot); ``searchsorted`` of the sorted keys against
     ``arange(E)`` gives the group ends; ``order // k`` the token of each row; one
-    scatter the inverse.
+    scatter the inverse. About a dozen small torch ops: each costs host time (a launch
+    on CUDA), so none is spent on what the arguments make redundant.
 
     Args:
         expert_ids: integer ``[T, k]``. Ids outside ``[0, E)`` are not checked (that would
@@ -105,34 +108,56 @@ def routes(
         placeholders: ids outside ``[0, E)`` are expert-parallel placeholders (transformers
             marks the copies routed to other ranks with ids ``>= E``): their key is ``E``,
             so they sort last, past ``offs[-1]``, and ``valid`` marks the other copies.
+        index_dtype: the dtype of ``src``, ``inverse`` and ``dest``: int64 (torch's index
+            dtype), or int32, the form the row ops and fused kernels read (made here at
+            the cost of one conversion, ``src``'s, instead of one per index later).
     """
+    if index_dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"index_dtype: expected torch.int64 or torch.int32, found {index_dtype}")
     num_tokens, top_k = expert_ids.shape
     device = expert_ids.device
     flat = expert_ids.reshape(-1)
     valid = None
     if placeholders:
-        valid = (flat >= 0) & (flat < num_experts)
-        flat = torch.where(valid, flat, num_experts)
-    keys, order = torch.sort(flat.to(torch.int32), stable=True)
+        flat = _placeholder_keys(flat, num_experts)
+        valid = flat < num_experts
+    if flat.dtype != torch.int32:
+        flat = flat.to(torch.int32)
+    keys, order = torch.sort(flat, stable=True)
     bounds = torch.arange(num_experts, device=device, dtype=torch.int32)
     ends = torch.searchsorted(keys, bounds, right=True, out_int32=True)
-    src = order // top_k
+    src = torch.div(order, top_k, rounding_mode="floor")  # not //: no Python operator frames
+    if index_dtype != torch.int64:
+        src = src.to(index_dtype)
     n = flat.numel()
-    rows = torch.arange(n, device=device)
     if pad_to is None or pad_to == 1:
         group_counts = _counts(ends) if counts else None
-        dest, offs, capacity = rows, ends, None
+        dest = torch.arange(n, device=device, dtype=index_dtype)
+        offs, capacity = ends, None
     else:
         group_counts = _counts(ends)
         padded = (group_counts + pad_to - 1) // pad_to * pad_to
         padded_ends = torch.cumsum(padded, dim=0)
         # sorted position i of expert e lands at padded_starts[e] + (i - starts[e])
         shift = (padded_ends - padded) - (ends - group_counts)
-        dest = rows + shift.index_select(0, keys)
+        dest = torch.arange(n, device=device) + shift.index_select(0, keys)
+        if index_dtype != torch.int64:
+            dest = dest.to(index_dtype)
         offs = padded_ends.to(torch.int32)
         capacity = n + num_experts * (pad_to - 1)
     inverse = torch.empty_like(dest).scatter_(0, order, dest).view(num_tokens, top_k)
     return Routes(offs, src, inverse, order, keys, dest, group_counts, capacity, valid)
+
+
+def _placeholder_keys(flat: Tensor, num_experts: int) -> Tensor:
+    """``flat`` with every id outside ``[0, E)`` replaced by ``E``. For int64 and int32
+    ids two ops: clamp into ``[-1, E]``, then ``-1 -> E`` by the remainder modulo ``E +
+    1`` (the divisor's sign: ``-1 mod (E + 1) = E``; ids in ``[0, E]`` stay); other dtypes
+    the plain four (two comparisons, their conjunction, a select)."""
+    if flat.dtype in (torch.int64, torch.int32):
+        return flat.clamp(-1, num_experts).remainder(num_experts + 1)
+    inside = (flat >= 0) & (flat < num_experts)
+    return torch.where(inside, flat, num_experts)
 
 
 def _counts(ends: Tensor) -> Tensor:

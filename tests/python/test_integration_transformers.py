@@ -548,16 +548,17 @@ def test_autocast_keeps_parameter_gradients_in_their_dtype():
 @pytest.mark.parametrize("family", FAMILIES)
 def test_plain_swiglu_experts_run_the_fused_block(family, monkeypatch):
     """Experts with a plain SwiGLU (concatenated gate first, SiLU, default gate, no
-    biases) run as one groupmm.fused.expert_block call; gpt-oss (clamped interleaved gate,
-    biases) and modules with a gate of their own keep the composed path."""
+    biases) run as one call of the fused block (groupmm.fused._block, what expert_block
+    runs); gpt-oss (clamped interleaved gate, biases) and modules with a gate of their
+    own keep the composed path."""
     calls: list = []
-    real = gt.expert_block
+    real = gt._block
 
     def spy(*args):
         calls.append(args)
         return real(*args)
 
-    monkeypatch.setattr(gt, "expert_block", spy)
+    monkeypatch.setattr(gt, "_block", spy)
     experts = _experts_module(family)
     x = torch.randn(6, 32, dtype=F64)
     idx, w = _routing(6, 2, experts.num_experts, seed=2)

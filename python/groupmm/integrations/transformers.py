@@ -31,15 +31,16 @@ How one call runs (``S = T*k`` routed copies, ``E = module.num_experts``), and w
 Routing, dispatch, combine and the default gate are groupmm's MoE glue
 (``groupmm._glue``), the same code as :class:`groupmm.moe.MoELayer`'s:
 
-1. **Route** (``_glue.routes(..., placeholders=True)``), integer work on ``S`` elements
-   only: the sort key of each copy is its expert id, or ``E`` for an expert-parallel
-   placeholder (an id ``>= E`` or ``< 0``; transformers' expert parallelism marks
-   off-rank copies with ids ``>= E``), so one stable sort of int32 keys puts the copies
-   in expert order with placeholders last. ``offs`` (int32 group ends) come from
-   ``searchsorted`` on the sorted keys, the source token of each sorted row (``src``) is
-   ``order // k``, the inverse permutation is one scatter. All on the device: no
-   ``.item()``, ``.tolist()``, ``nonzero`` or data-dependent shape, hence no host
-   synchronisation and a ``torch.compile(fullgraph=True)`` trace.
+1. **Route** (``_glue.routes(..., placeholders=True, index_dtype=torch.int32)``), integer
+   work on ``S`` elements only: the sort key of each copy is its expert id, or ``E`` for
+   an expert-parallel placeholder (an id ``>= E`` or ``< 0``; transformers' expert
+   parallelism marks off-rank copies with ids ``>= E``), so one stable sort of int32
+   keys puts the copies in expert order with placeholders last. ``offs`` (int32 group
+   ends) come from ``searchsorted`` on the sorted keys, the source token of each sorted
+   row (``src``) is ``order // k``, the inverse permutation is one scatter; both int32,
+   the form the kernels read. All on the device: no ``.item()``, ``.tolist()``,
+   ``nonzero`` or data-dependent shape, hence no host synchronisation and a
+   ``torch.compile(fullgraph=True)`` trace.
 2. **Dispatch** (``_glue.dispatch``): one row gather ``x[src]`` (the only ``[S, H]``
    copy of the input). Its backward sums each token's ``k`` gradient rows in one pass
    (float32 accumulation for 16-bit types), not autograd's default
@@ -92,6 +93,19 @@ clamped and interleaved and which has biases): those run steps 2-6 as one op,
 the up projection, SwiGLU in its epilogue on Hopper, the "dgated" backward; no ``[S, H]``
 copy of the input, and only the ``[S, 2I]`` pre-activation kept for the backward). The
 figures above predate it.
+
+Host cost. At 4096 tokens a training step of a Qwen3-30B-A3B-sized model is host-bound
+on an H200 (the host issues the step's ops more slowly than the GPU runs them), so each
+call spends no host time it need not: the module's layout is read on every call but what
+is derived from it (the fused decision, the gate, the shape checks) is kept on the
+module, keyed on everything it came from (``_transformers_compat._layout``); the routing
+launches about a dozen small ops (``_glue.routes``) and makes the int32 indices itself;
+no ``.to()`` is called that would return its input; and the fused path calls the block's
+ops (``groupmm.fused._block``) with :func:`~groupmm.fused.expert_block`'s checks done
+where their answers are known (the routing's indices by construction, the weights'
+shapes once per layout, their dtype by the casts), errors named after the module's
+parameters. ``benches/bench_transformers.py --profile-host`` measures a step's host time
+against its GPU time.
 """
 
 from __future__ import annotations
@@ -104,7 +118,7 @@ from torch import Tensor
 from .. import _checks as check
 from .. import grouped_mm
 from .._glue import Combine, Routes, dispatch, routes
-from ..fused import expert_block
+from ..fused import _block
 from . import _expert_mm
 from ._transformers_compat import _Layout, _layout, _moe_module
 
@@ -215,12 +229,13 @@ def _is_experts(module) -> bool:
 
 
 def _route(top_k_index: Tensor, top_k_weights: Tensor, num_experts: int) -> tuple[Routes, Tensor]:
-    """The expert order of the ``S = T*k`` routed copies, placeholders last (step 1), and
-    the routing weights as ``[T, k]``, zero for placeholders."""
+    """The expert order of the ``S = T*k`` routed copies, placeholders last (step 1), with
+    int32 indices (what the kernels read), and the routing weights as ``[T, k]``, zero for
+    placeholders."""
     # routing runs torch ops, no native call: these are its only checks
     check.index("top_k_index", top_k_index, 2, "[T, k]")
     num_tokens, top_k = top_k_index.shape
-    route = routes(top_k_index, num_experts, placeholders=True)
+    route = routes(top_k_index, num_experts, placeholders=True, index_dtype=torch.int32)
     if top_k_weights.shape == (num_tokens, top_k):
         weights = top_k_weights
     elif top_k_weights.shape == (num_tokens, num_experts):  # full distribution (early 5.x)
@@ -231,7 +246,8 @@ def _route(top_k_index: Tensor, top_k_weights: Tensor, num_experts: int) -> tupl
             f"{[num_tokens, num_experts]}), found {list(top_k_weights.shape)}"
         )
     valid = cast(Tensor, route.valid)  # placeholders=True: never None
-    return route, weights.masked_fill(~valid.view(num_tokens, top_k), 0)
+    # a select on the mask as it is (masked_fill would need it negated: one op more)
+    return route, torch.where(valid.view(num_tokens, top_k), weights, 0)
 
 
 # --------------------------------------------------------------------------- autograd pieces
@@ -275,10 +291,16 @@ def _compute_dtype(x: Tensor, w: Tensor) -> torch.dtype:
     return dtype
 
 
+def _cast(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """``t.to(dtype)``, without the call when it would return ``t`` itself (each torch
+    call costs host time; these run several times a block)."""
+    return t if t.dtype == dtype else t.to(dtype)
+
+
 def _weight(w: Tensor, dtype: torch.dtype, transposed: bool) -> Tensor:
     """``w`` as ``[E, in, out]`` in ``dtype``: a transposed view of ``[E, out, in]``
     storage, so that its gradient comes out in the parameter's own layout."""
-    w = w.to(dtype)
+    w = _cast(w, dtype)
     return w if transposed else w.transpose(-2, -1)
 
 
@@ -286,7 +308,7 @@ def _linear(x: Tensor, w: Tensor, offs: Tensor, transposed: bool) -> Tensor:
     """Both operands in one dtype (:func:`_compute_dtype`), then the grouped projection
     with the weight gradient in ``w``'s own layout."""
     dtype = _compute_dtype(x, w)
-    return _expert_mm(x.to(dtype), _weight(w, dtype, transposed), offs)
+    return _expert_mm(_cast(x, dtype), _weight(w, dtype, transposed), offs)
 
 
 def _routed_experts(
@@ -297,8 +319,9 @@ def _routed_experts(
 
     The fused path: a plain SwiGLU block (``layout.fused``: a gate, no biases, gate and
     up concatenated with the gate first, SiLU, transformers' default gate, no post
-    norm: Mixtral, Qwen2/3-MoE, OLMoE, DeepSeek-V3, ...) runs as one op,
-    :func:`groupmm.fused.expert_block`, on the stored weights through transposed views
+    norm: Mixtral, Qwen2/3-MoE, OLMoE, DeepSeek-V3, ...) runs as
+    :func:`groupmm.fused.expert_block` (its two ops, ``fused._block``, called directly:
+    its checks are answered here), on the stored weights through transposed views
     (their gradients in the parameters' own layout): no ``[S, H]`` copy of the input,
     and no ``[S, H]`` or ``[S, I]`` tensor kept for the backward. Everything else takes
     the steps below.
@@ -308,8 +331,14 @@ def _routed_experts(
         dtype = _compute_dtype(hidden_states, layout.w_in)
         w_in = _weight(layout.w_in, dtype, layout.transposed)
         w_out = _weight(layout.w_out, dtype, layout.transposed)
-        x = hidden_states.to(dtype)
-        return expert_block(x, w_in, w_out, offs, route.src, route.inverse, weights)
+        # expert_block's checks, done where they are known: the indices and weights are
+        # the routing's (int32, [T, k]), the weights' shapes checked with the layout,
+        # the dtypes made one above; the devices are the caller's
+        device = hidden_states.device
+        check.device(layout.w_in_name, w_in, device, "hidden_states")
+        check.device(layout.w_out_name, w_out, device, "hidden_states")
+        x = _cast(hidden_states, dtype)
+        return _block(x, w_in, w_out, offs, route.src, route.inverse, weights)
     xs = dispatch(hidden_states, route)
     h = _linear(xs, layout.w_in, offs, layout.transposed)
     expert = None
@@ -355,4 +384,4 @@ def groupmm_experts_forward(
     layout = _layout(self, hidden_states.shape[-1])
     route, weights = _route(top_k_index, top_k_weights, layout.num_experts)
     out = _routed_experts(self, layout, hidden_states, route, weights)
-    return out.to(hidden_states.dtype)
+    return _cast(out, hidden_states.dtype)
