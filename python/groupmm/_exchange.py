@@ -1,7 +1,7 @@
 """The exchanges of expert parallelism (:mod:`groupmm.parallel`, whose docstring tells
-the step): the plans (one collective of counts and the one host sync each), the
-differentiable ``all_to_all_single`` of rows, and the autograd functions that send each
-token once per rank and bring its results back.
+the step): the plans (exact sizes: one collective of counts and the one host sync each;
+fixed sizes: none), the differentiable ``all_to_all_single`` of rows, and the autograd
+functions that send each token once per rank and bring its results back.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def _captures_scalars() -> bool:
     return bool(torch._dynamo.config.capture_scalar_outputs)
 
 
-def _raise_on_bad_ids(flags: List[int], world: int, num_local: int) -> None:
+def _raise_on_bad_ids(flags: List[int], world: int, num_local: int, when: str = "") -> None:
     """The error every rank raises, after the exchange, when any rank's expert ids were
     out of range (``flags``: one per rank). Traced with the flags as data-dependent
     sizes (``torch.compile`` with ``capture_scalar_outputs``): a check in the graph,
@@ -134,7 +134,8 @@ def _raise_on_bad_ids(flags: List[int], world: int, num_local: int) -> None:
         ranks = [i for i, f in enumerate(flags) if f]
         raise ValueError(
             f"expert_ids: expected expert ids in [0, {world * num_local}) (E = world size "
-            f"{world} x {num_local} local experts), found ids out of range on rank(s) {ranks}"
+            f"{world} x {num_local} local experts), found ids out of range on rank(s) "
+            f"{ranks}{when}"
         )
 
 
@@ -187,8 +188,9 @@ class TokenPlan(NamedTuple):
     """Rows this rank sends to each rank."""
     out_splits: List[int]
     """Rows this rank receives from each rank."""
-    copies: int
-    """Expert copies among the received rows (the sum of their local experts)."""
+    copies: Optional[int]
+    """Expert copies among the received rows (the sum of their local experts); None
+    with fixed sizes (:func:`plan_fixed`: on the device only)."""
 
 
 def plan_tokens(expert_ids: Tensor, num_local: int, group: Optional[Any] = None) -> TokenPlan:
@@ -256,6 +258,9 @@ class _Send(torch.autograd.Function):
     ):
         ctx.plan, ctx.group = p, group
         ctx.weighted = weights is not None
+        if x.shape[0] == 0 and p.send_tokens.shape[0]:  # fixed sizes: padding only
+            x = x.new_zeros(1, x.shape[1])
+            weights = None if weights is None else weights.new_zeros(1, weights.shape[1])
         sent = take_rows(x, p.send_tokens)
         rows = _exchange_rows(sent, p.out_splits, p.in_splits, group, False)
         del sent
@@ -278,7 +283,10 @@ class _Send(torch.autograd.Function):
                 d_weights = d_rows.new_zeros(d_rows.shape[0], p.rank_of.shape[1])
             back_w = _exchange_rows(d_weights, p.in_splits, p.out_splits, group, True)
             # weight (t, j) rode on the row sent to rank_of[t, j]: column j of that row
-            row = p.slots.long().gather(1, p.rank_of.long())
+            # (an out-of-range id, sent nowhere with fixed sizes: any rank's slot, whose
+            # column j carried a zero weight to no expert and so has a zero gradient)
+            ranks = p.rank_of.long().clamp_(0, p.slots.shape[1] - 1)
+            row = p.slots.long().gather(1, ranks)
             dw = back_w.gather(0, row).gather(1, _columns(row))
         return dx, dw, None, None, None
 
@@ -304,5 +312,7 @@ class _Return(torch.autograd.Function):
     @once_differentiable
     def backward(ctx: Any, d_out: Tensor):
         p, group = ctx.plan, ctx.group
+        if d_out.shape[0] == 0 and p.send_tokens.shape[0]:  # fixed sizes: padding only
+            d_out = d_out.new_zeros(1, d_out.shape[1])
         rows = take_rows(d_out.contiguous(), p.send_tokens)
         return _exchange_rows(rows, p.out_splits, p.in_splits, group, False), None, None

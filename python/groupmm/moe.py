@@ -170,6 +170,12 @@ class MoELayer(nn.Module):
             load-balancing loss is this rank's tokens' (average it like the task loss).
             Every rank must run the backward (it holds exchanges the others wait for).
             :meth:`sharded` makes such a layer from a whole one.
+        ep_capacity: with ``ep_group`` and the fused path: the most tokens any rank
+            passes to one ``forward``, the same number on every rank (e.g. a training
+            batch's tokens per rank): fixed-size exchanges with no host sync
+            (:func:`groupmm.parallel.expert_parallel_block`'s ``capacity``, where the
+            cost in bytes and memory is told). None: exact sizes, one host sync per
+            ``forward``.
         fused: run the experts as :func:`groupmm.fused.expert_block`, one operation
             from the tokens to the combined output (gather, up projection and SwiGLU in
             one native call, on Hopper one kernel; down projection, router weights and
@@ -202,6 +208,7 @@ class MoELayer(nn.Module):
         dtype: torch.dtype | None = None,
         *,
         ep_group: Any = None,
+        ep_capacity: int | None = None,
     ) -> None:
         super().__init__()
         # constructor arguments: nothing native sees them
@@ -229,7 +236,15 @@ class MoELayer(nn.Module):
                     f"found {num_experts}"
                 )
             local = num_experts // world
+        if ep_capacity is not None:
+            check.positive_int("ep_capacity", ep_capacity)
+            if ep_group is None or not fused:
+                raise ValueError(
+                    "ep_capacity: expected with ep_group and the fused path, found "
+                    f"ep_group={ep_group!r}, fused={fused}"
+                )
         self.ep_group = ep_group
+        self.ep_capacity = ep_capacity
         self.pad_to = pad_to
         self.fused = fused
         self.router = TopKRouter(
@@ -282,7 +297,7 @@ class MoELayer(nn.Module):
         ex = self.experts
         if self.fused:
             args = (flat, route.expert_ids, route.weights, ex.w_in, ex.w_out, self.ep_group)
-            return expert_parallel_block(*args)
+            return expert_parallel_block(*args, capacity=self.ep_capacity)
 
         def local(received: torch.Tensor, p: Plan) -> torch.Tensor:
             q = routes(p.local_ids, ex.num_experts, self.pad_to)
@@ -292,11 +307,11 @@ class MoELayer(nn.Module):
         ids, weights = route.expert_ids, route.weights
         return dispatch_combine(flat, ids, weights, ex.num_experts, local, self.ep_group)
 
-    def sharded(self, ep_group: Any = None) -> MoELayer:
+    def sharded(self, ep_group: Any = None, capacity: int | None = None) -> MoELayer:
         """A copy of this whole layer with its experts sharded over ``ep_group`` (the
-        world by default): the same router, and this rank's ``E / W`` experts' weights.
-        Collective only in that every rank builds its own; call it with the same whole
-        layer on every rank."""
+        world by default): the same router, and this rank's ``E / W`` experts' weights;
+        ``capacity``: its ``ep_capacity``. Collective only in that every rank builds its
+        own; call it with the same whole layer on every rank."""
         if self.ep_group is not None:
             raise ValueError("ep_group: this layer's experts are sharded already")
         ex = self.experts
@@ -315,6 +330,7 @@ class MoELayer(nn.Module):
             device=w.device,
             dtype=w.dtype,
             ep_group=ep_group if ep_group is not None else dist.group.WORLD,
+            ep_capacity=capacity,
         )
         layer.router.load_state_dict(self.router.state_dict())
         lo = dist.get_rank(ep_group) * layer.experts.num_experts

@@ -64,10 +64,11 @@ from ._exchange import (  # noqa: F401
     plan,
     plan_tokens,
 )
+from ._fixed import ROUTING_CHECK_LAG, fixed_exchange_rows, plan_fixed, routing_check  # noqa: F401
 from ._glue import routes
 from .fused import GateUp, _block, _check_expert_count, _check_experts, _int32
 
-__all__ = ["expert_compute", "expert_parallel_block", "exchange"]
+__all__ = ["check_routing", "expert_compute", "expert_parallel_block", "exchange"]
 
 
 # --------------------------------------------------------------------------- one copy per rank
@@ -100,6 +101,8 @@ def expert_parallel_block(
     w_in: GateUp,
     w_out: Tensor,
     group: Optional[Any] = None,
+    *,
+    capacity: Optional[int] = None,
 ) -> Tensor:
     """:func:`groupmm.fused.expert_block` with the experts sharded over ``group``.
 
@@ -116,11 +119,24 @@ def expert_parallel_block(
             the pair ``(gate, up)`` of ``[E / W, D, F]`` weights (no concatenation).
         w_out: ``[E / W, F, D]``.
         group: the process group (default: the world).
+        capacity: None (exact sizes): one host sync per call for the split sizes, and
+            an out-of-range id raises in the call. An int, the same on every rank and
+            at least every rank's ``T`` (e.g. the tokens per rank of a training batch):
+            fixed-size exchanges of ``capacity`` rows per pair of ranks, with no host
+            sync at all (the host runs ahead of the GPU; a whole step can be captured
+            in a CUDA graph). That sends :func:`fixed_exchange_rows` times the rows of
+            the exact exchange (padding where a token has no expert on a rank) and
+            sizes the experts' intermediates for the worst case, every rank's copies on
+            one rank (``W * capacity * k`` rows; the exact size's ``W`` times at uniform
+            routing). An out-of-range id's copy is sent nowhere and the error is raised
+            on every rank ``ROUTING_CHECK_LAG`` (8) calls with this group later, or at
+            :func:`check_routing`; not checked while a CUDA graph is captured or
+            torch.compile traces.
 
     Returns:
         ``[T, D]`` in ``x``'s dtype: ``sum_j weights[t, j] * expert_{ids[t, j]}(x[t])``.
 
-    One host sync per call (the split sizes), none in the backward.
+    No host sync in the backward.
     """
     w, up = _check_experts(x, w_in, w_out)
     check.index("expert_ids", expert_ids, 2, "[T, k]")
@@ -133,13 +149,37 @@ def expert_parallel_block(
         check.device("weights", weights, x.device, "x")
     num_local = w.shape[0]
     _check_expert_count(x, w, up, w_out, num_local, "x", "w_in")
-    p = plan_tokens(expert_ids, num_local, group)
-    rows, row_weights = _Send.apply(x, weights, p, num_local, group)
-    # each row's chosen experts as this rank's local ids (num_local: another rank's)
-    recv_ids = _exchange_rows(p.send_ids, p.out_splits, p.in_splits, group, False)
-    offs, src, inverse = _local_routes(recv_ids, num_local, p.copies)
+    if capacity is None:
+        p = plan_tokens(expert_ids, num_local, group)
+        rows, row_weights = _Send.apply(x, weights, p, num_local, group)
+        # each row's chosen experts as this rank's local ids (num_local: another rank's)
+        recv_ids = _exchange_rows(p.send_ids, p.out_splits, p.in_splits, group, False)
+        offs, src, inverse = _local_routes(recv_ids, num_local, cast(int, p.copies))
+    else:
+        check.positive_int("capacity", capacity)
+        if capacity < x.shape[0]:
+            raise ValueError(
+                f"capacity: expected at least this rank's tokens {x.shape[0]}, found {capacity}"
+            )
+        routing_check.check(group, ROUTING_CHECK_LAG - 1)  # an earlier call's flags
+        p, meta = plan_fixed(expert_ids, num_local, capacity, group)
+        rows, row_weights = _Send.apply(x, weights, p, num_local, group)
+        recv = _exchange_rows(meta, p.out_splits, p.in_splits, group, False)
+        top_k = expert_ids.shape[1]
+        routing_check.record(recv[::capacity, top_k], group, len(p.in_splits), num_local)
+        r = routes(recv[:, :top_k], num_local, placeholders=True, index_dtype=torch.int32)
+        offs, src, inverse = r.offs, r.src, r.inverse
     y = _block(rows, w, w_out, offs, src, inverse, row_weights, up)
     return _Return.apply(y, p, group)
+
+
+def check_routing(group: Optional[Any] = None) -> None:
+    """Raise, on every rank of ``group``, the out-of-range error of the
+    :func:`expert_parallel_block` calls with ``capacity`` not checked yet (fixed sizes
+    check the routing ``ROUTING_CHECK_LAG`` calls late); nothing when their ids were in
+    range. Waits for the GPU to pass those calls' exchanges. Every rank should call it
+    at the same point (e.g. after the last step)."""
+    routing_check.check(group)
 
 
 # --------------------------------------------------------------------------- external dispatchers

@@ -50,7 +50,7 @@ import torch.distributed as dist
 from groupmm._glue import routes
 from groupmm.fused import expert_block
 from groupmm.moe import MoELayer
-from groupmm.parallel import expert_parallel_block
+from groupmm.parallel import check_routing, expert_parallel_block
 
 E = 8  # experts: divisible by 1, 2 and 4 ranks
 GAIN = 4.0  # the gate's weight on each expert's own input column
@@ -78,6 +78,9 @@ class Case:
     # sync only) or "fullgraph" (with capture_scalar_outputs, as torchtitan compiles)
     compiled: str = ""
     bad: Tuple[str, int] = ("last", E)  # bad: which rank ("first"/"last") and the bad id
+    # fixed-size exchanges (the layer's ep_capacity, the block's capacity): "" exact sizes,
+    # "max" the group's most tokens per rank, "more" that plus 3
+    capacity: str = ""
 
 
 CASES = [
@@ -112,7 +115,55 @@ CASES = [
     Case("block-skewed-k1", [9, 6, 11, 4], 1, form="block", routing="skewed"),
     Case("block-random-k3-unweighted", [7, 13, 0, 5], 3, form="block", weighted=False),
     Case("block-zero-rank-k2", [0, 11, 6, 9], 2, form="block"),
+    Case("fixed-random-k2-fused", [24, 17, 31, 20], 2, capacity="max"),
+    Case("fixed-skewed-k2-fused", [9, 6, 11, 4], 2, routing="skewed", capacity="more"),
+    Case("fixed-zero-rank-k3-fused", [0, 11, 6, 9], 3, capacity="max"),
+    Case("fixed-all-empty-k2-fused", [0, 0, 0, 0], 2, capacity="more"),
+    Case("fixed-random-k2-direct", [10, 3, 8, 0], 2, form="direct", capacity="max"),
+    Case("fixed-subgroups-k2-fused", [7, 13, 0, 5], 2, groups=True, capacity="max"),
+    Case(
+        "fixed-fullgraph-k2-fused",
+        [24, 17, 31, 20],
+        2,
+        routing="skewed",
+        compiled="fixed",
+        capacity="max",
+    ),
+    Case(
+        "fixed-block-random-k3-unweighted",
+        [7, 13, 0, 5],
+        3,
+        form="block",
+        weighted=False,
+        capacity="max",
+    ),
+    Case(
+        "fixed-block-skewed-k1", [9, 6, 11, 4], 1, form="block", routing="skewed", capacity="more"
+    ),
+    Case(
+        "fixed-bad-id-high-last-rank", [5, 3, 4, 6], 2, form="bad", bad=("last", E), capacity="max"
+    ),
+    Case(
+        "fixed-bad-id-negative-first-rank",
+        [5, 3, 4, 6],
+        1,
+        form="bad",
+        bad=("first", -1),
+        capacity="more",
+    ),
+    # CUDA only (NCCL): a whole fixed-size forward + backward captured in a CUDA graph and
+    # replayed with new routing; and the same step with torch's sync debug mode erroring
+    Case("fixed-graph-k2-fused", [24, 17, 31, 20], 2, form="graph", capacity="max"),
+    Case("fixed-no-sync-k2-fused", [24, 17, 31, 20], 2, form="nosync", capacity="max"),
 ]
+
+
+def capacity_of(case: Case, ranks: List[int], scale: int) -> Optional[int]:
+    """The case's fixed-size capacity for the group of global ``ranks`` (None: exact)."""
+    if not case.capacity:
+        return None
+    most = max(case.tokens[r] * scale for r in ranks)
+    return most if case.capacity == "max" else most + 3
 
 
 # --------------------------------------------------------------------------- data
@@ -255,6 +306,7 @@ def run_layer(ctx: Ctx, case: Case) -> Tuple[List[Result], List[int]]:
             device=ctx.device,
             dtype=ctx.dtype,
             ep_group=dist.group.WORLD if group is None else group,
+            ep_capacity=capacity_of(case, ranks, args.token_scale),
         )
         ep.router.load_state_dict(whole.router.state_dict())
         lo = me * local
@@ -262,7 +314,7 @@ def run_layer(ctx: Ctx, case: Case) -> Tuple[List[Result], List[int]]:
             {k: v[lo : lo + local] for k, v in whole.experts.state_dict().items()}
         )
     else:
-        ep = whole.sharded(group)
+        ep = whole.sharded(group, capacity_of(case, ranks, args.token_scale))
     assert ep.experts.num_experts == local and ep.num_experts == E
     if args.fault:  # the next rank's experts: the checks must fail
         nxt = (me + 1) % size * local
@@ -315,8 +367,9 @@ def compiled(module: Any, how: str) -> Any:
     torch._dynamo.config.capture_scalar_outputs = how == "fullgraph"
     # AOTAutograd's eager backend: the trace (dynamo, the ops' fakes with data-dependent
     # sizes, the backward) without Inductor's code generation, which benches/
-    # bench_torchtitan.py --compile runs on the same layer
-    fn = torch.compile(module, backend="aot_eager", fullgraph=how == "fullgraph")
+    # bench_torchtitan.py --compile runs on the same layer; "fixed": fixed-size
+    # exchanges, one graph with static sizes and no host sync to trace
+    fn = torch.compile(module, backend="aot_eager", fullgraph=how in ("fullgraph", "fixed"))
 
     def run(x: torch.Tensor) -> torch.Tensor:
         out = fn(x)
@@ -350,7 +403,8 @@ def run_block(ctx: Ctx, case: Case) -> Tuple[List[Result], List[int]]:
     go = ctx.low(data[me][1])
     ids = data[me][2].to(ctx.device)
     weights = ctx.low(data[me][3]).requires_grad_() if case.weighted else None
-    out = expert_parallel_block(x, ids, weights, my_in, my_out, group)
+    cap = capacity_of(case, ranks, args.token_scale)
+    out = expert_parallel_block(x, ids, weights, my_in, my_out, group, capacity=cap)
     (out * go).sum().backward()
 
     xs = ctx.ref(torch.cat([ctx.low(d[0]) for d in data])).requires_grad_()
@@ -393,11 +447,123 @@ def run_bad(ctx: Ctx, case: Case) -> Tuple[Optional[str], str]:
     gen = seeded(case, 5, ctx.rank)
     w_in = ctx.low(torch.randn(local, args.d_model, 2 * args.d_ff, generator=gen, dtype=F64))
     w_out = ctx.low(torch.randn(local, args.d_ff, args.d_model, generator=gen, dtype=F64))
+    cap = capacity_of(case, list(range(ctx.world)), args.token_scale)
     try:
-        expert_parallel_block(ctx.low(x), ids.to(ctx.device), ctx.low(weights), w_in, w_out)
+        args_ = (ctx.low(x), ids.to(ctx.device), ctx.low(weights), w_in, w_out)
+        expert_parallel_block(*args_, capacity=cap)
+        if cap is not None:  # fixed sizes: the routing is read a few calls later
+            check_routing()
     except Exception as e:  # every rank must raise the same ValueError
         return type(e).__name__, str(e)
     return None, ""
+
+
+def fixed_inputs(ctx: Ctx, case: Case, draw: int) -> Tuple[torch.Tensor, ...]:
+    """``(x, grad_out, expert_ids, router_weights)`` of this rank for graph and no-sync
+    cases, routing drawn anew per ``draw`` (distinct experts per token)."""
+    args = ctx.args
+    tokens = case.tokens[ctx.rank] * args.token_scale
+    gen = seeded(case, 7, ctx.rank, draw)
+    x = torch.randn(tokens, args.d_model, generator=gen, dtype=F64)
+    go = torch.randn(tokens, args.d_model, generator=gen, dtype=F64)
+    ids = torch.rand(tokens, E, generator=gen).argsort(1)[:, : case.top_k]
+    w = torch.randn(tokens, case.top_k, generator=gen, dtype=F64).softmax(1)
+    return ctx.low(x), ctx.low(go), ids.to(ctx.device), ctx.low(w)
+
+
+def fixed_experts(ctx: Ctx, case: Case) -> Tuple[torch.Tensor, torch.Tensor]:
+    """This rank's ``(w_in, w_out)`` leaves for graph and no-sync cases."""
+    args = ctx.args
+    local = E // ctx.world
+    gen = seeded(case, 8, ctx.rank)
+    w_in = torch.randn(local, args.d_model, 2 * args.d_ff, generator=gen, dtype=F64)
+    w_out = torch.randn(local, args.d_ff, args.d_model, generator=gen, dtype=F64)
+    w_in = ctx.low(w_in / args.d_model**0.5).requires_grad_()
+    w_out = ctx.low(w_out / args.d_ff**0.5).requires_grad_()
+    return w_in, w_out
+
+
+def fixed_step(ex, inputs, cap: Optional[int]) -> List[torch.Tensor]:
+    """One forward + backward of :func:`expert_parallel_block` on fresh leaves of
+    ``inputs``: ``[out, grad_x, grad_weights, grad_w_in, grad_w_out]``."""
+    w_in, w_out = ex
+    w_in.grad = w_out.grad = None
+    x, go, ids, w = (t.detach().clone() for t in inputs)
+    x.requires_grad_()
+    w.requires_grad_()
+    out = expert_parallel_block(x, ids, w, w_in, w_out, capacity=cap)
+    (out * go).sum().backward()
+    return [out.detach(), x.grad, w.grad, w_in.grad, w_out.grad]
+
+
+GRADS = ("out", "grad_x", "grad_weights", "grad_w_in", "grad_w_out")
+
+
+def run_graph(ctx: Ctx, case: Case) -> List[Result]:
+    """CUDA: one fixed-size forward + backward captured in a CUDA graph (every rank
+    captures its exchanges), replayed twice with routing, tokens and weights drawn anew
+    (copied into the captured inputs): each replay's output and gradients against an
+    eager exact-size step on the same inputs."""
+    cap = capacity_of(case, list(range(ctx.world)), ctx.args.token_scale)
+    ex = fixed_experts(ctx, case)
+    static = [t.clone() for t in fixed_inputs(ctx, case, 0)]
+    sx, sgo, sids, sw = static
+    sx.requires_grad_()
+    sw.requires_grad_()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the capture (allocations, NCCL)
+        for _ in range(3):
+            fixed_step(ex, static, cap)
+    torch.cuda.current_stream().wait_stream(side)
+    for t in (sx, sw, *ex):
+        t.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = expert_parallel_block(sx, sids, sw, ex[0], ex[1], capacity=cap)
+        (out * sgo).sum().backward()
+    captured = [out, sx.grad, sw.grad, ex[0].grad, ex[1].grad]
+    results: List[Result] = []
+    tol = TOL[ctx.dtype]
+    for draw in (1, 2):
+        fresh = fixed_inputs(ctx, case, draw)
+        with torch.no_grad():
+            for dst, src in zip(static, fresh):
+                dst.copy_(src)
+        graph.replay()
+        got = [t.clone() for t in captured]
+        want = fixed_step(ex, fresh, None)
+        for name, g, w in zip(GRADS, got, want):
+            results.append((f"replay{draw}_{name}", rel_err(g, w), tol))
+    return results
+
+
+def run_nosync(ctx: Ctx, case: Case) -> List[Result]:
+    """CUDA: a fixed-size forward + backward under ``torch.cuda.set_sync_debug_mode``
+    ("error": any host sync raises) passes, and the exact-size step (its one host sync)
+    raises there (so the check can fail)."""
+    cap = capacity_of(case, list(range(ctx.world)), ctx.args.token_scale)
+    ex = fixed_experts(ctx, case)
+    inputs = fixed_inputs(ctx, case, 0)
+    for c in (cap, None):  # warm-up: first calls may sync (allocations, communicators)
+        fixed_step(ex, inputs, c)
+    torch.cuda.synchronize()
+    raised = []
+    for c in (cap, None):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            fixed_step(ex, inputs, c)
+            raised.append(False)
+        except RuntimeError:
+            raised.append(True)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        torch.cuda.synchronize()
+        dist.barrier()
+    return [
+        ("fixed_syncs", float(raised[0]), 0.0),
+        ("exact_sync_seen", float(not raised[1]), 0.0),
+    ]
 
 
 # --------------------------------------------------------------------------- main
@@ -448,6 +614,12 @@ def main(argv: Optional[List[str]] = None) -> int:
                 continue
             if case.form == "bad":
                 mine.append((case.name, "raised", run_bad(ctx, case)))
+                continue
+            if case.form in ("graph", "nosync"):
+                if device.type != "cuda":  # CUDA graphs and host syncs: the GPU's
+                    continue
+                results = (run_graph if case.form == "graph" else run_nosync)(ctx, case)
+                mine.extend((case.name, "check", r) for r in results)
                 continue
             run = run_block if case.form == "block" else run_layer
             results, got = run(ctx, case)

@@ -554,6 +554,17 @@ def test_expert_parallel_gloo_ranks_equal_one_process(world):
         "bad-id-negative-first-rank",
         "compiled-k2-fused",
         "compiled-k1-unfused",
+        "fixed-random-k2-fused",
+        "fixed-skewed-k2-fused",
+        "fixed-zero-rank-k3-fused",
+        "fixed-all-empty-k2-fused",
+        "fixed-random-k2-direct",
+        "fixed-subgroups-k2-fused",
+        "fixed-fullgraph-k2-fused",
+        "fixed-block-random-k3-unweighted",
+        "fixed-block-skewed-k1",
+        "fixed-bad-id-high-last-rank",
+        "fixed-bad-id-negative-first-rank",
     ):
         assert need in cases, need
     # every gradient was compared: router gate, expert weights (and biases), x
@@ -568,7 +579,13 @@ def test_expert_parallel_gloo_ranks_equal_one_process(world):
         rows = [int(v) for v in routed[case].strip("[]").split(",")]
         assert len(rows) == world and rows[-1] == 0 and sum(rows) > 0, (case, rows)
     # an id out of range on one rank: the same ValueError on every rank, no hang
-    for case, bad_rank in (("bad-id-high-last-rank", world - 1), ("bad-id-negative-first-rank", 0)):
+    # (fixed sizes: raised a few calls later, check_routing here, saying so)
+    for case, bad_rank, when in (
+        ("bad-id-high-last-rank", world - 1, ""),
+        ("bad-id-negative-first-rank", 0, ""),
+        ("fixed-bad-id-high-last-rank", world - 1, " (an earlier call's)"),
+        ("fixed-bad-id-negative-first-rank", 0, " (an earlier call's)"),
+    ):
         raised = [ln for ln in lines if ln["kind"] == "RAISED" and ln["case"] == case]
         assert sorted(int(ln["rank"]) for ln in raised) == list(range(world)), output
         for ln in raised:
@@ -576,7 +593,7 @@ def test_expert_parallel_gloo_ranks_equal_one_process(world):
             assert ln["msg"].startswith(
                 f"expert_ids: expected expert ids in [0, 8) (E = world size {world}"
             )
-            assert ln["msg"].endswith(f"found ids out of range on rank(s) [{bad_rank}]"), ln
+            assert ln["msg"].endswith(f"found ids out of range on rank(s) [{bad_rank}]{when}"), ln
 
 
 @pytest.mark.skipif(not GLOO, reason="needs gloo")
@@ -671,6 +688,66 @@ def test_expert_parallel_block_one_host_sync_forward_none_backward():
 
 
 @pytest.mark.cuda
+def test_expert_parallel_block_fixed_sizes_no_host_sync_graph_replays_new_routing():
+    """Fixed-size exchanges (``capacity``): forward and backward with no host sync (sync
+    debug mode "error"), equal to the exact-size block; and the whole step captured in a
+    CUDA graph, replayed with other routing, tokens and weights copied into its inputs,
+    equal to an eager step on those."""
+
+    def step(inputs, cap):
+        x, ids, weights, w_in, w_out = (t.detach().clone() for t in inputs)
+        leaves = [x, weights, w_in, w_out]
+        for t in leaves:
+            t.requires_grad_()
+        out = expert_parallel_block(x, ids, weights, w_in, w_out, capacity=cap)
+        out.backward(go)
+        return [out.detach()] + [t.grad for t in leaves]
+
+    first = _gpu_block_case(seed=2)
+    second = _gpu_block_case(seed=3)
+    go = torch.randn(300, 256, device="cuda", dtype=BF16)
+    cap = 320
+    with _world_of_one("nccl"):
+        want = step(first, None)
+        step(first, cap)  # warm-up
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            got = step(first, cap)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        for name, g, w in zip(("out", "x", "weights", "w_in", "w_out"), got, want):
+            assert_close_rel(g, w, BF16, name)
+        static = [t.detach().clone() for t in first]
+        sx, sids, sw, s_in, s_out = static
+        leaves = [sx, sw, s_in, s_out]
+        for t in leaves:
+            t.requires_grad_()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                expert_parallel_block(sx, sids, sw, s_in, s_out, capacity=cap).backward(go)
+        torch.cuda.current_stream().wait_stream(side)
+        for t in leaves:
+            t.grad = None
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = expert_parallel_block(sx, sids, sw, s_in, s_out, capacity=cap)
+            out.backward(go)
+        with torch.no_grad():
+            for dst, src in zip(static, second):
+                dst.copy_(src)
+        graph.replay()
+        torch.cuda.synchronize()
+        replayed = [out] + [t.grad for t in leaves]
+        want = step(second, None)
+        for name, g, w in zip(("out", "x", "weights", "w_in", "w_out"), replayed, want):
+            assert_close_rel(g, w, BF16, f"replay {name}")
+        assert not torch.equal(want[0], step(first, None)[0])  # new routing, new result
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("indexed", [False, True])
 def test_expert_compute_cuda_bf16_equals_reference_without_host_sync(indexed):
     rows, w_in, w_out, counts, perm, weights = _compute_case(
@@ -726,7 +803,10 @@ def test_expert_parallel_nccl_ranks_equal_one_gpu(world):
     assert lines[-1]["kind"] == "RESULT" and lines[-1]["verdict"] == "PASS", output
     assert len(checks) >= 80 and all(c["verdict"] == "ok" for c in checks), output
     raised = [ln for ln in lines if ln["kind"] == "RAISED"]
-    assert len(raised) == 2 * world and all(ln["type"] == "ValueError" for ln in raised), output
+    assert len(raised) == 4 * world and all(ln["type"] == "ValueError" for ln in raised), output
+    # fixed sizes on the GPU: a captured CUDA graph replayed with new routing, no host sync
+    cases = {c["case"] for c in checks}
+    assert {"fixed-graph-k2-fused", "fixed-no-sync-k2-fused"} <= cases, output
 
 
 @pytest.mark.cuda
