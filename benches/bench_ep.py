@@ -1,12 +1,14 @@
 """Expert parallelism (EP) over W GPUs: groupmm's EP MoE layer against torchtitan's, forward
 and backward at a fixed number of tokens per GPU, each step split into dispatch, experts
-and combine.
+and combine, its EP efficiency against the whole layer on one GPU, and the all-to-all
+bandwidth of the same exchanges.
 
     NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc-per-node W benches/bench_ep.py \\
         [--configs qwen3-30b-a3b,olmoe,mixtral] [--routing uniform,skewed] \\
         [--tokens-per-gpu 16384] [--check] [--json OUT.json] [--md OUT.md] \\
         [--device cuda|cpu] [--dtype bf16|fp32|fp64] \\
-        [--impls fused,unfused,torchtitan,tt_groupmm,tt_seam,single]
+        [--impls fused,fixed,unfused,torchtitan,tt_groupmm,tt_seam,whole,single] \\
+        [--a2a-samples 10]
     torchrun --standalone --nproc-per-node 2 benches/bench_ep.py --device cpu --configs tiny \\
         --check                                  # a smoke run on gloo (CPU)
     python3 benches/bench_ep.py --from-json w1.json,w2.json,w4.json [--md all.md]
@@ -17,7 +19,8 @@ Rank r owns experts r*E/W ... (r+1)*E/W - 1 (E divisible by W); every rank has i
 tokens. One EP step on each rank: route locally, exchange the per-expert counts, one host
 sync for the split sizes, all_to_all of the token copies, the local experts on the
 received rows, the reverse all_to_all, the weighted combine; the backward runs the
-exchanges in reverse.
+exchanges in reverse. With fixed sizes (``fixed``) no counts and no host sync: every rank
+sends T rows to every rank (padding where a token has no expert there).
 
 Implementations (``--impls``), all on the same EP process group (a one-dimensional
 ``DeviceMesh`` named "ep" over the world):
@@ -28,6 +31,11 @@ Implementations (``--impls``), all on the same EP process group (a one-dimension
 - ``unfused``: ``MoELayer(..., fused=False, ep_group=group)`` sharing the same expert
   weights (the old examples/expert_parallel.py design: permute the received rows,
   ``GroupedExperts``, back to received order);
+- ``fixed``: ``fused`` with fixed-size exchanges, ``MoELayer(..., ep_group=group,
+  ep_capacity=T)`` (every rank has the same T tokens here) sharing the same expert
+  weights: equal-split all_to_all of T rows per pair of ranks, no host sync (the host
+  runs ahead of the GPU), at the cost of ``groupmm.parallel.fixed_exchange_rows(E, W, k)``
+  times the exact exchange's rows and larger expert intermediates;
 - ``torchtitan``: torchtitan's own classes (when ``import torchtitan`` works; else skipped
   and the output says why): ``RoutedExperts`` = ``AllToAllTokenDispatcher`` +
   ``GroupedExperts`` (``torch._grouped_mm``, w1/w3/w2 in bf16), called as its
@@ -44,10 +52,23 @@ Implementations (``--impls``), all on the same EP process group (a one-dimension
   dispatcher and combine, groupmm's experts: what a torchtitan user gets from one call);
   ``tt_seam``: the same with only its ``_grouped_mm`` products on ``groupmm.grouped_mm``
   (``enable(..., fused=False)``);
+- ``whole``: the whole layer on this one GPU, no exchange: all E experts (the global
+  weights every rank's shard is sliced from, gathered), this rank's own T tokens with
+  their own routing (global expert ids, k copies each), ``routes`` +
+  ``groupmm.fused.expert_block`` forward and backward (the router weights a leaf as for
+  the others): the single-GPU fused layer at the same tokens per GPU, the reference of
+  the EP efficiency. Its whole step is its experts time.
 - ``single``: the single-GPU reference for "EP expert time within 10 % of the single-GPU
   fused layer on the same local rows": ``routes`` + ``groupmm.fused.expert_block``
   forward and backward on this rank's received rows (their number and their local experts
   from the routing of every rank, k = 1), no exchange. Its whole step is its experts time.
+
+EP efficiency (the headline figure, the first table of the markdown): ``whole``'s step /
+an EP implementation's step (both the median over the rounds of the slowest rank's
+sample), for every EP implementation (groupmm's fused, fixed and unfused, torchtitan's):
+1.0 when EP over W GPUs costs nothing over the same tokens per GPU on one GPU with every
+expert; the goal is >= 0.90 on fine-grained configs. The min-max of the round-by-round
+ratios is in the step table.
 
 The same routing for all (like for like): per configuration and routing every rank draws
 its tokens ``x [T, d]``, expert ids ``[T, k]`` and router weights ``[T, k]`` (softmax of
@@ -77,8 +98,9 @@ sample is ``--calls`` back-to-back steps between two CUDA events), with what EP 
 every rank runs the same fixed number of steps per sample (``round_robin`` picks it per
 rank from its own estimate, which would pair different collectives across ranks), no GPU
 spin before a sample (every EP step syncs with the host once, so the host cannot run
-ahead), and a ``torch.cuda.synchronize`` + barrier before each sample so all ranks start
-it together. The step time of an implementation is the median over the rounds of the
+ahead; ``fixed``, ``whole`` and ``single`` have none, their host may run ahead within
+a sample), and a ``torch.cuda.synchronize`` + barrier before each sample so all ranks
+start it together. The step time of an implementation is the median over the rounds of the
 slowest rank's sample (the slowest rank decides the step); tokens/s per GPU = tokens per
 GPU / that time.
 
@@ -90,7 +112,7 @@ backward: dispatch = start -> received (fwd) + its gradient -> end (bwd); expert
 local experts fwd + bwd; combine = expert output -> end of forward + start of backward ->
 the gradient of the expert output. The three add up to the step. For groupmm the
 boundaries are placed around the local experts: ``groupmm.parallel._block`` on the fused
-path (``expert_parallel_block``) and the local-experts callable that
+paths (``expert_parallel_block``, exact and fixed sizes) and the local-experts callable that
 ``groupmm.parallel.dispatch_combine`` takes on the unfused one (the bench wraps both in
 their modules); for torchtitan by hooks on its ``GroupedExperts``. Each implementation's
 split follows its own code: groupmm's local expert order (sorting the received rows'
@@ -104,13 +126,34 @@ the largest over the ranks.
 
 Check (``--check``): the first step of every implementation, before any timing: its
 output and its gradients of x, the router weights and the local experts' weights (w_in,
-w_out layout) against a plain-torch reference (every expert gathered on every rank, a loop
-over experts in float32, float64 for fp64; the expert gradients summed over ranks) and
-against ``fused``, as relative Frobenius differences (largest over ranks). Tolerances:
-1e-10 (fp64), 1e-4 (fp32), 3e-2 (bf16, and torchtitan always: it computes in bf16).
-A failed check is reported (and the exit code is 1) but the timing goes on.
+w_out layout; ``whole``'s: its gradient of every expert summed over the ranks, this rank's
+slice) against a plain-torch reference (every expert gathered on every rank, a loop over
+experts in float32, float64 for fp64; the expert gradients summed over ranks) and against
+``fused``, as relative Frobenius differences (largest over ranks; computed in float64 for
+fp64, else float32). Tolerances: 1e-10 (fp64), 1e-4 (fp32), 3e-2 (bf16, and torchtitan
+always: it computes in bf16). A failed check is reported (and the exit code is 1) but the
+timing goes on.
 
-Outputs: a line per measurement on rank 0 as it goes, the markdown table at the end
+Bandwidth, per row, after the rounds: ``dist.all_to_all_single`` (NCCL or gloo) of
+contiguous ``[rows, d]`` buffers in the bench's dtype, equal splits (``rows / W`` to each
+rank, its own included), at two sizes: the fixed-size exchange's (``W * T`` rows per rank)
+and the exact dispatch's (the rows ``fused``'s plan sends, ``groupmm.parallel.
+plan_tokens``' in_splits, the mean over ranks rounded to a multiple of W); three warm-up
+calls, then ``--a2a-samples`` (10) samples, a synchronize and a barrier before each; the
+time is the median over the samples of the slowest rank's. Reported: rows sent per rank,
+the bytes that leave a rank (``rows * (W - 1) / W * d * element size``) and GB/s per rank
+(those bytes / the time). For ``fused`` and ``fixed`` the rows of each exchange of a step
+(from the plan, outside the timing): the forward dispatch sends each rank's planned rows
+(``W * T`` with fixed sizes), the forward return sends back the rows it received; the
+backward sends the same sizes the other way (the return's gradient in the combine phase,
+the dispatch's gradient in the dispatch phase). Bytes count the ``[rows, d]`` rows only
+(the ids and weights that ride along, k values a row, are left out). Their "achieved"
+bandwidth is the dispatch phase's off-rank bytes (the forward dispatch and its gradient,
+mean over ranks) over the dispatch phase's time (the table's, largest over ranks); the
+phase includes the dispatch's work besides the exchanges (the plan, the row gathers, the
+sums of the backward), so this is a lower bound of the exchanges' bandwidth.
+
+Outputs: a line per measurement on rank 0 as it goes, the markdown tables at the end
 (``--md`` too), and ``--json`` rewritten after every (config, routing): the device, GPU
 count, torch/CUDA/torchtitan versions, groupmm's build_info, the command line, the date
 and every raw number (per rank, per round).
@@ -146,7 +189,14 @@ from cli import (  # benches/cli.py, same folder
     line_buffered_stdout,
     parser,
 )
-from ep_report import IMPLS, describe, format_line, merge_docs, render_md
+from ep_report import (  # benches/ep_report.py, same folder
+    IMPLS,
+    bandwidth_lines,
+    describe,
+    format_line,
+    merge_docs,
+    render_md,
+)
 from ep_run import ROUTINGS, TT_IMPLS, ZIPF_S, agree, run_row  # benches/ep_run.py, same folder
 from ep_split import Clock, Split, install_split  # benches/ep_split.py, same folder
 from moe_configs import CONFIGS, MODELS  # benches/moe_configs.py, same folder
@@ -184,6 +234,12 @@ def parse_args(argv=None):
     p.add_argument("--check", action="store_true", help="compare outputs and gradients first")
     p.add_argument("--no-split", action="store_true", help="no phase boundaries in the steps")
     p.add_argument(
+        "--a2a-samples",
+        type=int,
+        default=10,
+        help="timed all_to_all_single calls per size and row (0: no bandwidth figures)",
+    )
+    p.add_argument(
         "--tt-backend",
         default="spmd_types",
         choices=("spmd_types", "partial_dtensor"),
@@ -197,8 +253,8 @@ def parse_args(argv=None):
     p.add_argument("--md", help="the table in markdown, rewritten after every row (rank 0)")
     p.add_argument("--from-json", help="render (and merge) result files; no GPU, no torchrun")
     args = p.parse_args(argv)
-    if min(args.warmup + 1, args.rounds, args.calls) < 1:
-        p.error("--rounds and --calls must be at least 1, --warmup at least 0")
+    if min(args.warmup + 1, args.rounds, args.calls, args.a2a_samples + 1) < 1:
+        p.error("--rounds and --calls must be at least 1, --warmup and --a2a-samples at least 0")
     bad = [v for v in args.routing.split(",") if v not in ROUTINGS]
     bad += [v for v in args.impls.split(",") if v not in IMPLS]
     if bad:
@@ -325,6 +381,7 @@ def run(args, argv, dev, rank: int, W: int) -> int:
             "rounds": args.rounds,
             "calls": args.calls,
             "split": not args.no_split,
+            "a2a_samples": args.a2a_samples,
         },
         "routing": {"uniform": "k distinct uniform experts", "skewed": f"Zipf s={ZIPF_S}"},
         "rows": [],
@@ -358,6 +415,8 @@ def run(args, argv, dev, rank: int, W: int) -> int:
                 for n in IMPLS:
                     if n in row["impls"]:
                         print(format_line(row, n))
+                for ln in bandwidth_lines(row):
+                    print("   " + ln)
                 for n, why in row["errors"].items():
                     print(f"   {n}: {why}")
                 doc["rows"].append(row)

@@ -2,10 +2,14 @@
 
 A row (:func:`make_row`) is one (config, routing) at W ranks from every rank's numbers:
 per implementation the step time (median over the rounds of the slowest rank's sample),
-tokens/s per GPU, the phase medians (largest over ranks), the speed against torchtitan
-and the experts time against the single-GPU reference's; :func:`render_md` is the
-markdown table, :func:`check_lines` the check's summary, :func:`merge_docs` what
-``--from-json`` of several runs (e.g. W = 1, 2, 4) reads.
+tokens/s per GPU, the phase medians (largest over ranks), the EP efficiency (the whole
+layer's step on one GPU over this one's), the speed against torchtitan, the experts time
+against the single-GPU reference's and, for groupmm's fused EP paths, the rows and bytes
+of the step's exchanges (:func:`exchange_sizes`); the row's all-to-all bandwidth
+(:func:`alltoall_figures`). :func:`render_md` is the markdown (the EP efficiency table
+first, then the step table and the bandwidth table), :func:`check_lines` the check's
+summary, :func:`merge_docs` what ``--from-json`` of several runs (e.g. W = 1, 2, 4) reads;
+files written before the efficiency and bandwidth fields render without them.
 """
 
 from __future__ import annotations
@@ -17,21 +21,77 @@ from report import commands, fmt, md_head, merge_runs, no_figure_lines
 from timing import paired  # benches/timing.py, same folder
 
 #: the implementations, in table order
-IMPLS = ("fused", "unfused", "torchtitan", "tt_groupmm", "tt_seam", "single")
+IMPLS = ("fused", "fixed", "unfused", "torchtitan", "tt_groupmm", "tt_seam", "whole", "single")
 LABELS = {
     "fused": "groupmm fused",
+    "fixed": "groupmm fused, fixed sizes",
     "unfused": "groupmm unfused",
     "torchtitan": "torchtitan",
     "tt_groupmm": "torchtitan + groupmm experts",
     "tt_seam": "torchtitan + groupmm products",
+    "whole": "whole layer, one GPU (ref)",
     "single": "single-GPU fused (ref)",
 }
+#: the references on one GPU: no exchange, the whole step is experts
+LOCAL = ("whole", "single")
+#: the EP implementations, in table order (each has an EP efficiency against ``whole``)
+EP_IMPLS = tuple(n for n in IMPLS if n not in LOCAL)
+#: groupmm's fused EP paths, whose exchanges the row sizes (exact and fixed sizes)
+EXCHANGED = ("fused", "fixed")
+#: the all-to-all bandwidth measurements of a row, in table order
+ALLTOALL = {
+    "fixed": "all_to_all_single, fixed-size rows (W*T)",
+    "exact": "all_to_all_single, exact dispatch rows",
+}
+
+
+def exchange_sizes(ins: list, outs: list, row_bytes: int) -> dict:
+    """The rows and bytes of one EP step's exchanges on every rank (``ins[r]``: the rows
+    rank r sends to each rank in the forward dispatch; ``outs[r]``: the rows it receives
+    from each): the forward dispatch sends ``sum(ins[r])`` rows (its own included), the
+    forward return sends back the ``sum(outs[r])`` it received; the backward sends the
+    same sizes the other way (the return's gradient: the dispatch's sizes, the dispatch's
+    gradient: the return's). Bytes: the ``[rows, d]`` rows (``row_bytes`` each) that leave
+    the rank; the ids, weights and counts that ride along (k values a row) are left
+    out."""
+    out: dict = {"row_bytes": row_bytes}
+    for key, splits in (("dispatch", ins), ("return", outs)):
+        out[f"{key}_rows"] = [sum(s) for s in splits]
+        out[f"{key}_bytes_off"] = [(sum(s) - s[r]) * row_bytes for r, s in enumerate(splits)]
+    # the dispatch phase holds the forward dispatch and its gradient (the return's sizes);
+    # the combine phase the forward return and its gradient (the dispatch's): the same sum
+    off = [a + b for a, b in zip(out["dispatch_bytes_off"], out["return_bytes_off"])]
+    out["phase_bytes_off"] = off
+    out["step_bytes_off"] = [2 * v for v in off]
+    return out
+
+
+def alltoall_figures(rows: int, world: int, row_bytes: int, per_rank: list) -> dict:
+    """One all-to-all measurement: ``rows`` sent by every rank (``rows / world`` to each
+    rank, its own included), ``per_rank[r]`` rank r's sample ms; the time is the median
+    over the samples of the slowest rank's, the bandwidth the bytes that leave a rank
+    over it (None at W = 1: nothing leaves)."""
+    n = min(len(p) for p in per_rank) if per_rank else 0
+    worst = [max(p[i] for p in per_rank) for i in range(n)]
+    ms = statistics.median(worst) if worst else None
+    off = rows // world * (world - 1) * row_bytes
+    return {
+        "rows": rows,
+        "bytes_off_rank": off,
+        "ms": ms,
+        "samples_ms": worst,
+        "per_rank_ms": [statistics.median(p) if p else None for p in per_rank],
+        "gb_per_s": off / ms / 1e6 if ms and off else None,
+    }
 
 
 def make_row(spec: dict, W: int, everyone: list, names: list, errors, check, dtype) -> dict:
     """The row from every rank's numbers: per implementation the step time (median over
     the rounds of the slowest rank's sample), tokens/s per GPU, the phase medians (largest
-    over ranks), the speed against torchtitan and the experts time against single's."""
+    over ranks), the EP efficiency (``whole``'s step over this one's), the speed against
+    torchtitan, the experts time against single's and (fused, fixed) the exchanges' rows
+    and bytes; the row's all-to-all bandwidth. A rank's numbers without ``splits``,
+    ``row_bytes`` or ``alltoall`` (not measured) leave those figures out."""
     recv = [o["recv_rows"] for o in everyone]
     mean = sum(recv) / len(recv)
     row = dict(spec, world=W, dtype=dtype, recv_rows=recv)
@@ -60,14 +120,19 @@ def make_row(spec: dict, W: int, everyone: list, names: list, errors, check, dty
                 for o in everyone
             ],
         }
-    tt = impls.get("torchtitan")
+    tt, whole = impls.get("torchtitan"), impls.get("whole")
     for n, v in impls.items():
-        ep = n != "single"  # the single-GPU reference is no EP step: no speed against it
+        ep = n not in LOCAL  # the references on one GPU are no EP step: no speed against them
         v["vs_torchtitan"] = (
             tt["step_ms"] / v["step_ms"] if ep and tt and tt["step_ms"] and v["step_ms"] else None
         )
         v["vs_torchtitan_rounds"] = (
             paired(v["samples_ms"], tt["samples_ms"]) if ep and tt and n != "torchtitan" else None
+        )
+        has_whole = ep and whole and whole["step_ms"] and v["step_ms"]
+        v["ep_efficiency"] = whole["step_ms"] / v["step_ms"] if has_whole else None
+        v["ep_efficiency_rounds"] = (
+            paired(v["samples_ms"], whole["samples_ms"]) if has_whole else None
         )
         ratios = []
         for o in everyone:
@@ -76,6 +141,29 @@ def make_row(spec: dict, W: int, everyone: list, names: list, errors, check, dty
                 ratios.append(mine["experts"] / ref["experts"])
         v["experts_vs_single_per_rank"] = ratios if len(ratios) == len(everyone) else None
         v["experts_vs_single"] = max(ratios) if len(ratios) == len(everyone) else None
+    row_bytes = everyone[0].get("row_bytes")
+    splits = [o.get("splits") for o in everyone]
+    if row_bytes:
+        T = spec["T"]
+        sizes = {"fixed": ([[T] * W] * W, [[T] * W] * W)}
+        if all(splits):
+            sizes["fused"] = ([s["in"] for s in splits], [s["out"] for s in splits])
+        for n in EXCHANGED:
+            v = impls.get(n)
+            if v is None or n not in sizes:
+                continue
+            x = exchange_sizes(*sizes[n], row_bytes)
+            ms = v["phases_ms"].get("dispatch")
+            mean = sum(x["phase_bytes_off"]) / W
+            x["achieved_gb_per_s"] = mean / ms / 1e6 if ms and mean else None
+            v["exchange"] = x
+    a2a = [o.get("alltoall") for o in everyone]
+    if row_bytes and all(a2a):
+        row["alltoall"] = {
+            key: alltoall_figures(a2a[0][key]["rows"], W, row_bytes, [a[key]["ms"] for a in a2a])
+            for key in ALLTOALL
+            if all(key in a for a in a2a)
+        }
     row["impls"] = impls
     row["errors"] = errors
     row["check"] = check
@@ -96,13 +184,54 @@ def format_line(row: dict, name: str) -> str:
     """One progress line: an implementation's numbers on a row."""
     v = row["impls"][name]
     ph = v["phases_ms"]
+    eff = f"  EP efficiency {fmt(v['ep_efficiency'])}" if v.get("ep_efficiency") else ""
     return (
         f"{label(row):28} {name:10} step {fmt(v['step_ms'], '8.3f')} ms  "
         f"{fmt_rate(v['tokens_per_s_per_gpu']):>7} tok/s/GPU  "
         + " ".join(f"{p} {fmt(ph.get(p), '.3f')}" for p in PHASES)
-        + f"  vs torchtitan {fmt(v['vs_torchtitan'])}x  experts/single "
+        + f"{eff}  vs torchtitan {fmt(v['vs_torchtitan'])}x  experts/single "
         f"{fmt(v['experts_vs_single'])}"
     )
+
+
+def bandwidth_lines(row: dict) -> list:
+    """Progress lines: the row's all-to-all bandwidth and the exchanges of groupmm's
+    fused EP paths."""
+    out = []
+    for key, what in ALLTOALL.items():
+        a = (row.get("alltoall") or {}).get(key)
+        if a:
+            out.append(
+                f"{what}: {a['rows']} rows/rank, {fmt_mb(a['bytes_off_rank'])} MB off-rank, "
+                f"{fmt(a['ms'], '.3f')} ms, {fmt_gbps(a['gb_per_s'])} GB/s per rank"
+            )
+    for n in EXCHANGED:
+        x = (row["impls"].get(n) or {}).get("exchange")
+        if x:
+            out.append(
+                f"{n} step: dispatch rows/rank {fmt(_mean(x['dispatch_rows']), '.0f')}, "
+                f"return {fmt(_mean(x['return_rows']), '.0f')}, "
+                f"{fmt_mb(_mean(x['step_bytes_off']))} MB off-rank per step, dispatch phase "
+                f"{fmt_gbps(x.get('achieved_gb_per_s'))} GB/s (lower bound)"
+            )
+    return out
+
+
+def _mean(v):
+    return sum(v) / len(v) if v else None
+
+
+def _lower_bound(v) -> str:
+    return "-" if v is None else fmt_gbps(v) + " (lower bound)"
+
+
+def fmt_gbps(v) -> str:
+    """GB/s: one decimal, three significant digits below 10 (the CPU's tiny runs)."""
+    return "-" if v is None else f"{v:.1f}" if v >= 10 else f"{v:.3g}"
+
+
+def fmt_mb(v) -> str:
+    return "-" if v is None else f"{v / 1e6:.3g}" if v < 1e5 else f"{v / 1e6:.1f}"
 
 
 def describe(doc: dict) -> list:
@@ -121,46 +250,52 @@ def describe(doc: dict) -> list:
         f"timer: {t.get('clock')}; {t.get('warmup')} warm-up steps, {t.get('rounds')} "
         f"round-robin rounds of {t.get('calls')} steps per implementation; step = median over "
         "rounds of the slowest rank's sample; split: "
-        + ("per step, at the phase boundaries, in the timed steps" if t.get("split") else "off"),
+        + ("per step, at the phase boundaries, in the timed steps" if t.get("split") else "off")
+        + (
+            f"; all_to_all_single: median of {t['a2a_samples']} samples per size"
+            if t.get("a2a_samples")
+            else ""
+        ),
     ]
 
 
 def render_md(doc: dict) -> str:
-    """The result document as markdown: environment, commands, the table, errors, check."""
+    """The result document as markdown: environment, commands, the EP efficiency table,
+    the step table, the bandwidth table, errors, check."""
     out = md_head(describe(doc), doc, commands(doc))
+    rows = doc.get("rows", [])
+    out += efficiency_md(rows)
     out += [
         "",
-        "| config (d, d_ff, E, k) | routing | W | impl | step ms (max over ranks) "
-        "| tokens/s/GPU | dispatch ms | experts ms | combine ms | speed vs torchtitan "
+        "| config (d, d_ff, E, k) | routing | W | impl | EP efficiency | step ms (max over "
+        "ranks) | tokens/s/GPU | dispatch ms | experts ms | combine ms | speed vs torchtitan "
         "| experts / single-GPU | recv rows max/mean |",
-        "| --- | --- | ---: | --- |" + " ---: |" * 8,
+        "| --- | --- | ---: | --- |" + " ---: |" * 9,
     ]
-    for r in doc.get("rows", []):
-        cfg = f"{r['config']} ({r['d_model']}, {r['d_ff']}, {r['experts']}, {r['top_k']})"
+    for r in rows:
         for n in IMPLS:
             v = r["impls"].get(n)
             if v is None:
                 continue
             ph = v["phases_ms"]
-            p = v.get("vs_torchtitan_rounds")
-            vs = fmt(v["vs_torchtitan"])
-            if p:
-                vs += f" ({p['min']:.2f}–{p['max']:.2f})"
             cells = [
-                cfg,
+                config_cell(r),
                 r["routing"],
                 str(r["world"]),
                 LABELS[n],
+                with_range(v.get("ep_efficiency"), v.get("ep_efficiency_rounds")),
                 fmt(v["step_ms"]),
                 fmt_rate(v["tokens_per_s_per_gpu"]),
                 *(fmt(ph.get(q)) for q in PHASES),
-                vs,
+                with_range(v["vs_torchtitan"], v.get("vs_torchtitan_rounds")),
                 fmt(v["experts_vs_single"]),
                 fmt(r.get("recv_imbalance")),
             ]
             out.append("| " + " | ".join(cells) + " |")
     out += [
         "",
+        "EP efficiency: the whole layer's step on one GPU (every expert, this rank's tokens, "
+        "no exchange) over this implementation's (min–max of the round-by-round ratios); "
         "step ms: median over the rounds of the slowest rank's time per step (forward + "
         "backward); tokens/s/GPU: tokens per GPU / step; dispatch / experts / combine: "
         "medians per rank, the largest over ranks (a rank waiting for a slower one waits in "
@@ -168,11 +303,96 @@ def render_md(doc: dict) -> str:
         "round-by-round ratios); experts / single-GPU: the experts time over the single-GPU "
         "fused block's on the same rank's received rows, the largest over ranks.",
     ]
-    out += no_figure_lines(doc.get("rows", []), label, lambda n: LABELS.get(n, n))
-    checks = check_lines(doc.get("rows", []))
+    out += bandwidth_md(rows)
+    out += no_figure_lines(rows, label, lambda n: LABELS.get(n, n))
+    checks = check_lines(rows)
     if checks:
         out += [""] + [ln + "  " for ln in checks]
     return "\n".join(out) + "\n"
+
+
+def config_cell(r: dict) -> str:
+    return f"{r['config']} ({r['d_model']}, {r['d_ff']}, {r['experts']}, {r['top_k']})"
+
+
+def with_range(v, p) -> str:
+    """A ratio and, when there are round-by-round ratios, their min–max."""
+    s = fmt(v)
+    if v is not None and p:
+        s += f" ({p['min']:.2f}–{p['max']:.2f})"
+    return s
+
+
+def efficiency_md(rows) -> list:
+    """The headline table: every EP implementation's efficiency per row; no lines when no
+    row has one (e.g. a file written before it was measured)."""
+    names = [
+        n for n in EP_IMPLS if any((r["impls"].get(n) or {}).get("ep_efficiency") for r in rows)
+    ]
+    if not names:
+        return []
+    out = [
+        "",
+        "**EP efficiency** = the whole layer's step on one GPU (all E experts, the same "
+        "tokens per GPU, no exchange) / the EP step (both the slowest rank's, median over "
+        "the rounds); the goal is >= 0.90 on fine-grained configs.",
+        "",
+        "| config (d, d_ff, E, k) | routing | W | " + " | ".join(LABELS[n] for n in names) + " |",
+        "| --- | --- | ---: |" + " ---: |" * len(names),
+    ]
+    for r in rows:
+        cells = [config_cell(r), r["routing"], str(r["world"])]
+        for n in names:
+            e = (r["impls"].get(n) or {}).get("ep_efficiency")
+            cells.append("-" if e is None else f"**{e:.2f}**")
+        out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
+def bandwidth_md(rows) -> list:
+    """The bandwidth table: per row the all-to-all measurements and the exchanges of
+    groupmm's fused EP paths; no lines when no row has them."""
+    lines = []
+    for r in rows:
+        head = [config_cell(r), r["routing"], str(r["world"])]
+        for key, what in ALLTOALL.items():
+            a = (r.get("alltoall") or {}).get(key)
+            if a:
+                cells = [what, str(a["rows"]), "-", fmt_mb(a["bytes_off_rank"])]
+                cells += [fmt(a["ms"], ".3f"), fmt_gbps(a["gb_per_s"])]
+                lines.append("| " + " | ".join(head + cells) + " |")
+        for n in EXCHANGED:
+            x = (r["impls"].get(n) or {}).get("exchange")
+            if not x:
+                continue
+            cells = [
+                f"{LABELS[n]}: dispatch phase",
+                fmt(_mean(x["dispatch_rows"]), ".0f"),
+                fmt(_mean(x["return_rows"]), ".0f"),
+                fmt_mb(_mean(x["phase_bytes_off"])),
+                fmt(r["impls"][n]["phases_ms"].get("dispatch"), ".3f"),
+                _lower_bound(x.get("achieved_gb_per_s")),
+            ]
+            lines.append("| " + " | ".join(head + cells) + " |")
+    if not lines:
+        return []
+    return [
+        "",
+        "| config (d, d_ff, E, k) | routing | W | exchange | rows sent per rank | return "
+        "rows per rank | off-rank MB per rank | ms | GB/s per rank |",
+        "| --- | --- | ---: | --- |" + " ---: |" * 5,
+        *lines,
+        "",
+        "all_to_all_single: equal splits of contiguous [rows, d] buffers in the bench's "
+        "dtype, rows per rank: the fixed-size exchange's (W*T) or the fused plan's dispatch "
+        "rows (mean over ranks, rounded to a multiple of W); ms: median over the samples of "
+        "the slowest rank's; GB/s per rank: the bytes that leave a rank / ms. Fused paths: "
+        "rows sent per rank (means over ranks) by the forward dispatch and the forward return "
+        "(the backward sends the same sizes the other way); off-rank MB: the dispatch "
+        "phase's (the forward dispatch and its gradient; the combine phase moves as much); "
+        "GB/s: those bytes over the dispatch phase's ms, which include the dispatch's other "
+        "work (a lower bound of the exchanges' bandwidth).",
+    ]
 
 
 def check_lines(rows) -> list:

@@ -2,8 +2,9 @@
 same routing for every implementation, :func:`make_routing`), each implementation built
 on them, its first step (and, with --check, :func:`run_check` against a plain-torch
 reference, :func:`dense_reference`), the warm-up, then the round-robin rounds with the
-split in the timed steps; the per-rank numbers gathered into the row (ep_report.make_row).
-A failure on any rank leaves that implementation out on every rank (:func:`agree`).
+split in the timed steps, then the all-to-all bandwidth (:func:`time_alltoall`); the
+per-rank numbers gathered into the row (ep_report.make_row). A failure on any rank leaves
+that implementation out on every rank (:func:`agree`).
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ import groupmm.parallel as gpar
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from ep_report import check_lines, make_row  # benches/ep_report.py, same folder
+from ep_report import LOCAL, check_lines, make_row  # benches/ep_report.py, same folder
 from ep_split import PHASES, phases_of  # benches/ep_split.py, same folder
 from groupmm._glue import routes
 from groupmm.fused import expert_block
 from groupmm.moe import MoELayer, RouterOutput
 from peer_torchtitan import build_torchtitan, torchtitan_grads
-from report import error_text, rel_diff  # benches/report.py, same folder
+from report import error_text  # benches/report.py, same folder
+from report import rel_diff as rel_diff32  # float32; rel_diff below: float64 for fp64
 from timing import rr_orders  # benches/timing.py, same folder
 
 ROUTINGS = ("uniform", "skewed")
@@ -87,6 +89,15 @@ def dense_reference(x, ids, weights, w_in_all, w_out_all, gy, ct):
     return out.detach(), xr.grad, wr.grad, wi.grad, wo.grad
 
 
+def rel_diff(a, b):
+    """``report.rel_diff`` (in float32), in float64 for float64 tensors (float32 would
+    round their differences, ~1e-16 relative, to zero)."""
+    if a is None or b is None or b.dtype != torch.float64:
+        return rel_diff32(a, b)
+    num, den = float((a.double() - b).square().sum()), float(b.square().sum())
+    return math.sqrt(num / den) if den > 0 else (0.0 if num == 0 else math.inf)
+
+
 def agree(ok: bool, dev) -> bool:
     """True on every rank when ``ok`` holds on every rank."""
     t = torch.tensor([1 if ok else 0], device=dev)
@@ -97,6 +108,36 @@ def agree(ok: bool, dev) -> bool:
 def gather(obj) -> list:
     out = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)
+    return out
+
+
+def gather_experts(ex, group, W: int) -> tuple:
+    """``(w_in, w_out)`` of all E experts (every rank's shard, in rank order), detached:
+    the whole layer's weights and the check's reference."""
+    parts_in = [torch.empty_like(ex.w_in) for _ in range(W)]
+    parts_out = [torch.empty_like(ex.w_out) for _ in range(W)]
+    dist.all_gather(parts_in, ex.w_in.detach().contiguous(), group=group)
+    dist.all_gather(parts_out, ex.w_out.detach().contiguous(), group=group)
+    return torch.cat(parts_in), torch.cat(parts_out)
+
+
+def time_alltoall(rows: int, d: int, ctx: dict, samples: int, warmup: int = 3) -> list:
+    """This rank's ms of ``samples`` ``all_to_all_single`` calls (after ``warmup``) moving
+    ``rows`` rows of ``d`` (``rows / W`` to every rank, equal splits, contiguous buffers in
+    the bench's dtype); a synchronize and a barrier before each."""
+    dev, dtype, group, clock = ctx["dev"], ctx["dtype"], ctx["group"], ctx["clock"]
+    send = torch.ones(rows, d, device=dev, dtype=dtype)
+    recv = torch.empty_like(send)
+    out = []
+    for i in range(warmup + samples):
+        clock.sync()
+        dist.barrier(group)
+        s = clock.stamp()
+        dist.all_to_all_single(recv, send, group=group)
+        e = clock.stamp()
+        clock.sync()
+        if i >= warmup:
+            out.append(clock.ms(s, e))
     return out
 
 
@@ -125,19 +166,34 @@ def run_row(spec: dict, args, ctx: dict) -> dict:
     )
     unfused.experts = ex  # the same weights
     unfused.router = FixedRouter(ids, weights, dtype, E)
+    # fixed sizes: every rank has T tokens, the capacity of the exchanges
+    fixed = MoELayer(
+        d, f, E, k, aux_loss_coef=0.0, device="meta", dtype=dtype, ep_group=group, ep_capacity=T
+    )
+    fixed.experts = ex  # the same weights
+    fixed.router = FixedRouter(ids, weights, dtype, E)
     # the rows this rank receives (one plan: the counts exchange and its host sync)
     plan = gpar.plan(ids, ex.num_experts, group)
     local_ids = plan.local_ids
     R = int(sum(plan.out_splits))
     del plan
     recv = gather(R)
+    # the fused plan's rows to and from each rank (collective, as fused's forward plans)
+    tplan = gpar.plan_tokens(ids, ex.num_experts, group)
+    splits = {"in": list(tplan.in_splits), "out": list(tplan.out_splits)}
+    del tplan
     lead = rank == 0
 
     fwd, leaves, errors = {}, {}, {}
     want = set(args.impls.split(","))
+    # every expert on every rank: the whole layer's weights and the check's reference
+    w_all = gather_experts(ex, group, W) if ("whole" in want or args.check) else None
     if "fused" in want:
         fwd["fused"] = lambda: fused(x)
         leaves["fused"] = [x, weights, ex.w_in, ex.w_out]
+    if "fixed" in want:
+        fwd["fixed"] = lambda: fixed(x)
+        leaves["fixed"] = [x, weights, ex.w_in, ex.w_out]
     if "unfused" in want:
         fwd["unfused"] = lambda: unfused(x)
         leaves["unfused"] = [x, weights, ex.w_in, ex.w_out]
@@ -172,6 +228,17 @@ def run_row(spec: dict, args, ctx: dict) -> dict:
             routed[name] = module
         else:
             errors[name] = why or "failed to build on another rank"
+    if "whole" in want:
+        assert w_all is not None
+        w_in_all, w_out_all = (w.requires_grad_() for w in w_all)  # the reference detaches
+
+        def whole():
+            r = routes(ids, E)
+            w = weights.to(dtype)  # as the router stub gives them
+            return expert_block(x, w_in_all, w_out_all, r.offs, r.src, r.inverse, w)
+
+        fwd["whole"] = whole
+        leaves["whole"] = [x, weights, w_in_all, w_out_all]
     rows = grows = None
     if "single" in want:
         g2 = torch.Generator().manual_seed(seed + 17 + rank)
@@ -225,6 +292,10 @@ def run_row(spec: dict, args, ctx: dict) -> dict:
         if args.check and name != "single":
             if name in TT_IMPLS:
                 gw_in, gw_out = torchtitan_grads(routed[name])
+            elif name == "whole":  # every rank's tokens' gradient of this rank's experts
+                gw_in, gw_out = (
+                    _own_slice(leaf.grad, group, rank, ex.num_experts) for leaf in leaves[name][2:]
+                )
             else:
                 gw_in, gw_out = ex.w_in.grad, ex.w_out.grad
             got[name] = {
@@ -238,8 +309,10 @@ def run_row(spec: dict, args, ctx: dict) -> dict:
         for t in leaves[name]:
             t.grad = None
     if args.check:
-        check = run_check(got, x, ids, weights, ex, gy, ctx)
+        assert w_all is not None
+        check = run_check(got, x, ids, weights, ex, w_all, gy, ctx)
         got.clear()
+        w_all = None  # whole's closure keeps its own references (when it runs)
         if lead:
             for ln in check_lines([dict(spec, world=W, check=check)]):
                 print("   " + ln)
@@ -278,10 +351,22 @@ def run_row(spec: dict, args, ctx: dict) -> dict:
         clock.sync()
         for n, s, e, recs in pending:
             samples[n][r] = clock.ms(s, e) / args.calls
-            stamps[n] += [phases_of(clock.ms, st, ep=n != "single") for st in recs]
+            stamps[n] += [phases_of(clock.ms, st, ep=n not in LOCAL) for st in recs]
+    if "fixed" in names:  # the routing flags of the fixed-size calls not checked yet
+        gpar.check_routing(group)
+    # the all-to-all bandwidth at the fixed-size exchange's rows and the exact dispatch's
+    alltoall = {}
+    if args.a2a_samples:
+        sent = gather(sum(splits["in"]))
+        exact = max(W, round(sum(sent) / W / W) * W)
+        for key, n in (("fixed", W * T), ("exact", exact)):
+            alltoall[key] = {"rows": n, "ms": time_alltoall(n, d, ctx, args.a2a_samples)}
     mine = {
         "rank": rank,
         "recv_rows": R,
+        "splits": splits,
+        "row_bytes": d * torch.empty((), dtype=dtype).element_size(),
+        "alltoall": alltoall or None,
         "samples": samples,
         "phases": {
             n: {
@@ -297,20 +382,23 @@ def run_row(spec: dict, args, ctx: dict) -> dict:
     return row
 
 
-def run_check(got: dict, x, ids, weights, ex, gy, ctx) -> dict:
+def _own_slice(g, group, rank: int, e: int):
+    """This rank's ``e`` experts of a whole-layer gradient summed over the ranks
+    (collective); None for None (on every rank: the same step ran everywhere)."""
+    if g is None:
+        return None
+    g = g.detach().clone()
+    dist.all_reduce(g, group=group)
+    return g[rank * e : (rank + 1) * e]
+
+
+def run_check(got: dict, x, ids, weights, ex, w_all, gy, ctx) -> dict:
     """Relative differences of every implementation's first step to the plain-torch
-    reference and to fused's, the largest over ranks."""
-    group, W, rank = ctx["group"], ctx["W"], ctx["rank"]
+    reference (on ``w_all``, every expert) and to fused's, the largest over ranks."""
+    group, rank = ctx["group"], ctx["rank"]
     dtype = ctx["dtype"]
     ct = torch.float64 if dtype == torch.float64 else torch.float32
-    parts_in = [torch.empty_like(ex.w_in) for _ in range(W)]
-    parts_out = [torch.empty_like(ex.w_out) for _ in range(W)]
-    dist.all_gather(parts_in, ex.w_in.detach().contiguous(), group=group)
-    dist.all_gather(parts_out, ex.w_out.detach().contiguous(), group=group)
-    w_in_all, w_out_all = torch.cat(parts_in), torch.cat(parts_out)
-    del parts_in, parts_out
-    ref = dense_reference(x, ids, weights, w_in_all, w_out_all, gy, ct)
-    del w_in_all, w_out_all
+    ref = dense_reference(x, ids, weights, *w_all, gy, ct)
     out, dx, dw, dwi, dwo = ref
     dist.all_reduce(dwi, group=group)
     dist.all_reduce(dwo, group=group)

@@ -112,7 +112,8 @@ def phases_of(ms, st: dict, ep: bool = True) -> dict:
 def install_split(split: Split) -> None:
     """Put the local experts of both groupmm EP paths between the two marks: the
     local-experts callable of ``groupmm.parallel.dispatch_combine`` (MoELayer's unfused EP
-    path) and ``groupmm.parallel._block`` (the fused one, ``expert_parallel_block``)."""
+    path) and ``groupmm.parallel._block`` (the fused one, ``expert_parallel_block``, with
+    exact and with fixed sizes alike: both call it between their exchanges)."""
     real = gpar.dispatch_combine
 
     def dispatch_combine(x, expert_ids, weights, num_local, experts, group=None):
@@ -124,8 +125,8 @@ def install_split(split: Split) -> None:
 
     gmoe.dispatch_combine = dispatch_combine  # MoELayer's unfused EP path, imported name
 
-    # the fused path (expert_parallel_block: one row per token and rank) runs its local
-    # experts as parallel._block, between its exchanges
+    # the fused path (expert_parallel_block: one row per token and rank; exact or fixed
+    # sizes) runs its local experts as parallel._block, between its exchanges
     real_block = gpar._block
 
     def block(x, w_in, w_out, offs, src, inverse, weights, up=None):

@@ -30,6 +30,7 @@ CONFIGS = {
     # settings SonicMoE is benchmarked on)
     "fine-1536-256-e128-k8": (1536, 256, 128, 8),
     "fine-1536-512-e256-k16": (1536, 512, 256, 16),
+    "fine-1536-256-e256-k16": (1536, 256, 256, 16),
     "fine-2048-256-e256-k16": (2048, 256, 256, 16),
     "fine-4096-512-e256-k8": (4096, 512, 256, 8),
     "fine-768-1024-e32-k2": (768, 1024, 32, 2),
@@ -46,6 +47,7 @@ MODELS = {
     "glm45-air": "GLM-4.5-Air-like",
     "fine-1536-256-e128-k8": "fine-grained d 1536, F 256, E 128, k 8",
     "fine-1536-512-e256-k16": "fine-grained d 1536, F 512, E 256, k 16",
+    "fine-1536-256-e256-k16": "fine-grained d 1536, F 256, E 256, k 16",
     "fine-2048-256-e256-k16": "fine-grained d 2048, F 256, E 256, k 16",
     "fine-4096-512-e256-k8": "fine-grained d 4096, F 512, E 256, k 8",
     "fine-768-1024-e32-k2": "d 768, F 1024, E 32, k 2",

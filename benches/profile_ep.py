@@ -1,27 +1,40 @@
 """Where one expert-parallel step goes on the GPU: groupmm's fused EP block
 (``groupmm.parallel.expert_parallel_block``) forward + backward under torch.profiler, rank
 0's kernels put in categories and the time the GPU sat idle, with the host's and the GPU's
-clocks at the step's phase boundaries on every rank.
+clocks at the step's phase boundaries on every rank; with exact sizes (the default), with
+fixed sizes (``--capacity``), or both in one process (``--modes exact,fixed``: one table
+row per mode, a before/after profile in one command).
 
     NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc-per-node W benches/profile_ep.py \\
-        [--config mixtral] [--tokens-per-gpu 16384] [--trace OUT.json.gz] [--md OUT.md]
+        [--config mixtral] [--tokens-per-gpu 16384] [--capacity N|tokens] \\
+        [--modes exact,fixed] [--trace OUT.json.gz] [--md OUT.md] [--device cuda|cpu]
     python3 benches/profile_ep.py --from-trace OUT.json.gz [--md OUT.md]   # no GPU
 
-Every rank: its own tokens ``x [T, d]`` (bf16), uniform top-k routing (k distinct experts),
-router weights, its ``E / W`` experts; gradients set to None after every step (as
-bench_ep.py). Four warm-up steps, then five timed steps (CUDA events; a barrier and a
-``torch.cuda.synchronize`` before each), the phase marks of the last one (plan, local
-routes, experts, end of forward, end of backward; GPU and host ms since the step's start:
-where the two agree the GPU was waiting for the host), then one step under the profiler
-(``schedule(wait=1, warmup=1, active=1)``, a barrier before each step so that no rank's
-profiler start delays the others).
+Modes: ``exact``: ``capacity=None``, one host sync per call for the split sizes;
+``fixed``: ``capacity=C`` (``--capacity``: an int at least the tokens per GPU, or the word
+``tokens`` for the tokens per GPU, the default), equal-split exchanges of C rows per pair
+of ranks and no host sync. ``--capacity`` alone runs the fixed mode; ``--modes`` names the
+modes to run, in order, on the same inputs.
+
+Every rank: its own tokens ``x [T, d]`` (bf16; fp32 with ``--device cpu``, a smoke run on
+gloo whose profile has no kernels), uniform top-k routing (k distinct experts), router
+weights, its ``E / W`` experts; gradients set to None after every step (as bench_ep.py).
+Per mode: four warm-up steps, then five timed steps (CUDA events; a barrier and a
+``torch.cuda.synchronize`` before each), the phase marks of the last one (the plan, the
+local routes, the experts, end of forward, end of backward; GPU and host ms since the
+step's start: where the two agree the GPU was waiting for the host), then one step under
+the profiler (``schedule(wait=1, warmup=1, active=1)``, a barrier before each step so
+that no rank's profiler start delays the others).
 
 Summary of rank 0's profiled step (``summarize``): kernel time by category (``gemm``:
 groupmm's varlen kernels; ``nccl``: the exchanges, including the time a rank waits in
 them for a slower one; ``rows``: groupmm's row kernels; ``other``: torch's kernels and
 copies) and ``idle``: the GPU's gaps between the first and the last kernel of the step
-(the host not keeping up, mostly before the first product: the plan's host sync and the
-ops after it).
+(the host not keeping up; with exact sizes mostly before the first product: the plan's
+host sync and the ops after it; with fixed sizes there is no host sync). The markdown
+and the JSON (``--md``'s name with ``.json``) say which mode each figure is of; with
+several modes rank 0's trace of each goes to ``--trace``'s name with ``-MODE`` before
+its extension.
 """
 
 from __future__ import annotations
@@ -34,19 +47,65 @@ import sys
 import time
 
 from cli import line_buffered_stdout, parser  # benches/cli.py, same folder
-from moe_configs import CONFIGS  # benches/moe_configs.py, same folder
+from moe_configs import CONFIGS as MOE_CONFIGS  # benches/moe_configs.py, same folder
+
+#: the configs: benches/moe_configs.py's, and ``tiny`` for the CPU
+TINY = {"tiny": (16, 32, 8, 2)}
+CONFIGS = {**MOE_CONFIGS, **TINY}
 
 CATEGORIES = ("gemm", "nccl", "rows", "other")
+MODES = ("exact", "fixed")
+#: groupmm.parallel's names that expert_parallel_block looks up there, marked at entry and
+#: exit: the plan (exact or fixed sizes), the local routes (either mode's), the experts
+MARKED = ("plan_tokens", "plan_fixed", "_local_routes", "routes", "_block")
 
 
 def parse_args(argv=None):
     p = parser(__doc__)
     p.add_argument("--config", default="mixtral", help="a name of benches/moe_configs.py")
     p.add_argument("--tokens-per-gpu", type=int, default=16384)
+    p.add_argument(
+        "--capacity",
+        help="the fixed mode's capacity: an int, or 'tokens' (the tokens per GPU); alone it "
+        "selects --modes fixed",
+    )
+    p.add_argument(
+        "--modes", help="comma list of exact, fixed (default: exact, or fixed with --capacity)"
+    )
+    p.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda when available")
     p.add_argument("--trace", help="rank 0's chrome trace (.json or .json.gz)")
     p.add_argument("--md", help="the summary in markdown (rank 0)")
     p.add_argument("--from-trace", help="summarize a saved trace; no GPU, no torchrun")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.modes = (args.modes or ("fixed" if args.capacity else "exact")).split(",")
+    bad = [m for m in args.modes if m not in MODES]
+    if bad or len(set(args.modes)) != len(args.modes):
+        p.error(f"--modes: expected distinct modes of {', '.join(MODES)}, found {args.modes}")
+    if args.capacity not in (None, "tokens"):
+        try:
+            args.capacity = int(args.capacity)
+        except ValueError:
+            p.error(f"--capacity: expected an int or 'tokens', found {args.capacity!r}")
+        if args.capacity < args.tokens_per_gpu:
+            p.error(f"--capacity: expected at least --tokens-per-gpu {args.tokens_per_gpu}")
+    return args
+
+
+def capacity_of(args, mode: str):
+    """The ``capacity`` argument of a mode: None (exact sizes), or the fixed mode's."""
+    if mode == "exact":
+        return None
+    return args.tokens_per_gpu if args.capacity in (None, "tokens") else args.capacity
+
+
+def trace_path(path: str, mode: str, several: bool) -> str:
+    """Rank 0's trace of a mode: ``path`` itself, or with ``-MODE`` before its extension
+    when several modes run."""
+    if not several:
+        return path
+    gz = ".gz" if path.endswith(".gz") else ""
+    stem, ext = os.path.splitext(path[: len(path) - len(gz)])
+    return f"{stem}-{mode}{ext}{gz}"
 
 
 def category(name: str) -> str:
@@ -82,32 +141,59 @@ def summarize(events: list) -> dict:
     return out
 
 
+def upgrade(doc: dict) -> dict:
+    """A document written before the modes (one exact-size profile) in the modes' form."""
+    if "modes" in doc:
+        return doc
+    out = {k: v for k, v in doc.items() if k not in ("steps_ms", "marks", "summary")}
+    one = {"mode": "exact", "capacity": None}
+    one.update((k, doc.get(k)) for k in ("steps_ms", "marks", "summary"))
+    out["modes"] = [one]
+    return out
+
+
+def mode_text(m: dict) -> str:
+    if m["mode"] == "exact":
+        return "exact (capacity=None: one host sync per call)"
+    return f"fixed (capacity={m['capacity']}: no host sync)"
+
+
 def render_md(doc: dict) -> str:
-    s = doc["summary"]
+    doc = upgrade(doc)
+    modes = doc["modes"]
     lines = [
-        f"**{doc['device']} x {doc['world']} (nccl); torch {doc['torch']}; bfloat16; "
-        f"{doc['config']} (d, d_ff, E, k) = {tuple(doc['dims'])}; {doc['tokens_per_gpu']} "
-        "tokens per GPU; uniform routing**",
+        f"**{doc['device']} x {doc['world']} ({doc.get('backend', 'nccl')}); torch "
+        f"{doc['torch']}; {doc.get('dtype', 'bfloat16')}; {doc['config']} (d, d_ff, E, k) = "
+        f"{tuple(doc['dims'])}; {doc['tokens_per_gpu']} tokens per GPU; uniform routing; "
+        f"modes: {', '.join(mode_text(m) for m in modes)}**",
         "",
         "```bash",
         doc["argv"],
         "```",
         "",
-        "timed steps (ms, max over ranks per step): "
-        + ", ".join(f"{t:.2f}" for t in doc.get("steps_ms", [])),
-        "",
-        "| rank 0's profiled step | span | gemm | nccl | rows | other | idle |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
-        f"| ms | {s['span']:.2f} | {s['gemm']:.2f} | {s['nccl']:.2f} | {s['rows']:.2f} | "
-        f"{s['other']:.2f} | {s['idle']:.2f} |",
-        "",
-        "Phase marks of the last timed step (ms since the step's start, GPU / host):",
-        "",
-        "| rank | " + " | ".join(n for n, _, _ in doc["marks"][0]) + " |",
-        "| --- |" + " ---: |" * len(doc["marks"][0]),
+        "| mode | timed steps (ms, max over ranks per step) | rank 0's profiled step: span "
+        "| gemm | nccl | rows | other | idle |",
+        "| --- | --- |" + " ---: |" * 6,
     ]
-    for r, marks in enumerate(doc["marks"]):
-        lines.append(f"| {r} | " + " | ".join(f"{g:.2f} / {h:.2f}" for _, g, h in marks) + " |")
+    for m in modes:
+        s = m["summary"]
+        steps = ", ".join(f"{t:.2f}" for t in m.get("steps_ms") or [])
+        lines.append(
+            f"| {mode_text(m)} | {steps} | {s['span']:.2f} | {s['gemm']:.2f} | {s['nccl']:.2f} "
+            f"| {s['rows']:.2f} | {s['other']:.2f} | {s['idle']:.2f} |"
+        )
+    for m in modes:
+        marks = m["marks"]
+        lines += [
+            "",
+            f"Phase marks of the last timed step, {mode_text(m)} (ms since the step's "
+            "start, GPU / host):",
+            "",
+            "| rank | " + " | ".join(n for n, _, _ in marks[0]) + " |",
+            "| --- |" + " ---: |" * len(marks[0]),
+        ]
+        for r, mk in enumerate(marks):
+            lines.append(f"| {r} | " + " | ".join(f"{g:.2f} / {h:.2f}" for _, g, h in mk) + " |")
     lines += [
         "",
         "gemm: groupmm's varlen kernels; nccl: the exchanges (a rank's wait for a slower one "
@@ -131,29 +217,48 @@ def profile(args) -> int:
     from torch.profiler import ProfilerActivity, profile, schedule
 
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    torch.cuda.set_device(local)
-    dev = torch.device("cuda", local)
-    dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=120), device_id=dev)
+    cuda = (args.device or ("cuda" if torch.cuda.is_available() else "cpu")) == "cuda"
+    timeout = datetime.timedelta(seconds=120)
+    if cuda:
+        torch.cuda.set_device(local)
+        dev = torch.device("cuda", local)
+        dist.init_process_group("nccl", timeout=timeout, device_id=dev)
+    else:
+        dev = torch.device("cpu")
+        dist.init_process_group("gloo", timeout=timeout)
+    dtype = torch.bfloat16 if cuda else torch.float32
     rank, W = dist.get_rank(), dist.get_world_size()
     d, f, E, k = CONFIGS[args.config]
     if E % W:
         raise SystemExit(f"{args.config}: {E} experts do not divide over {W} ranks")
     T, e = args.tokens_per_gpu, E // W
     gen = torch.Generator(device=dev).manual_seed(rank)
-    w_in = (torch.randn(e, d, 2 * f, device=dev, generator=gen) * d**-0.5).bfloat16()
-    w_out = (torch.randn(e, f, d, device=dev, generator=gen) * f**-0.5).bfloat16()
-    x = torch.randn(T, d, device=dev, generator=gen).bfloat16()
+    w_in = (torch.randn(e, d, 2 * f, device=dev, generator=gen) * d**-0.5).to(dtype)
+    w_out = (torch.randn(e, f, d, device=dev, generator=gen) * f**-0.5).to(dtype)
+    x = torch.randn(T, d, device=dev, generator=gen).to(dtype)
     ids = torch.rand(T, E, device=dev, generator=gen).topk(k, dim=1).indices
-    weights = torch.rand(T, k, device=dev, generator=gen).softmax(1).bfloat16()
-    gy = torch.randn(T, d, device=dev, generator=gen).bfloat16()
+    weights = torch.rand(T, k, device=dev, generator=gen).softmax(1).to(dtype)
+    gy = torch.randn(T, d, device=dev, generator=gen).to(dtype)
     leaves = [t.requires_grad_() for t in (x, weights, w_in, w_out)]
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
+
+    def event():
+        if not cuda:
+            return time.perf_counter()
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def elapsed(a, b) -> float:
+        return a.elapsed_time(b) if cuda else 1e3 * (b - a)
 
     marks: list = []
 
     def mark(name):
-        ev = torch.cuda.Event(enable_timing=True)
-        ev.record()
-        marks.append((name, ev, time.perf_counter()))
+        marks.append((name, event(), time.perf_counter()))
 
     def wrap(name):
         real = getattr(gp, name)
@@ -166,69 +271,78 @@ def profile(args) -> int:
 
         setattr(gp, name, marked)
 
-    for name in ("plan_tokens", "_local_routes", "_block"):
+    for name in MARKED:
         wrap(name)  # expert_parallel_block looks them up in groupmm.parallel
 
-    def step():
-        marks.clear()
-        mark("start")
-        out = gp.expert_parallel_block(x, ids, weights, w_in, w_out)
-        mark("forward")
-        out.backward(gy)
-        mark("backward")
-        for t in leaves:
-            t.grad = None
+    several = len(args.modes) > 1
+    path = args.trace or "/tmp/profile_ep_trace.json"
+    results = []
+    for mode in args.modes:
+        capacity = capacity_of(args, mode)
 
-    for _ in range(4):
-        step()
-    steps = []
-    for _ in range(5):
-        dist.barrier()
-        torch.cuda.synchronize()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        step()
-        b.record()
-        torch.cuda.synchronize()
-        ms = torch.tensor([a.elapsed_time(b)], device=dev)
-        dist.all_reduce(ms, op=dist.ReduceOp.MAX)
-        steps.append(float(ms))
-    t0e, t0h = marks[0][1], marks[0][2]
-    mine = [(n, t0e.elapsed_time(ev), 1e3 * (h - t0h)) for n, ev, h in marks]
-    every = [None] * W
-    dist.all_gather_object(every, mine)
-    with profile(
-        activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU],
-        schedule=schedule(wait=1, warmup=1, active=1),
-    ) as prof:
-        for _ in range(3):
-            dist.barrier()
-            torch.cuda.synchronize()
+        def step(capacity=capacity):
+            marks.clear()
+            mark("start")
+            out = gp.expert_parallel_block(x, ids, weights, w_in, w_out, capacity=capacity)
+            mark("forward")
+            out.backward(gy)
+            mark("backward")
+            for t in leaves:
+                t.grad = None
+
+        for _ in range(4):
             step()
-            torch.cuda.synchronize()
-            prof.step()
+        steps = []
+        for _ in range(5):
+            dist.barrier()
+            sync()
+            a = event()
+            step()
+            b = event()
+            sync()
+            ms = torch.tensor([elapsed(a, b)], device=dev)
+            dist.all_reduce(ms, op=dist.ReduceOp.MAX)
+            steps.append(float(ms))
+        t0e, t0h = marks[0][1], marks[0][2]
+        mine = [(n, elapsed(t0e, ev), 1e3 * (h - t0h)) for n, ev, h in marks]
+        every = [None] * W
+        dist.all_gather_object(every, mine)
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        with profile(activities=activities, schedule=schedule(wait=1, warmup=1, active=1)) as prof:
+            for _ in range(3):
+                dist.barrier()
+                sync()
+                step()
+                sync()
+                prof.step()
+        if capacity is not None:
+            gp.check_routing()  # the fixed-size calls' routing flags not checked yet
+        one = {"mode": mode, "capacity": capacity, "steps_ms": steps, "marks": every}
+        if rank == 0:
+            mpath = trace_path(path, mode, several)
+            raw = mpath[:-3] if mpath.endswith(".gz") else mpath
+            prof.export_chrome_trace(raw)
+            if mpath.endswith(".gz"):
+                with open(raw, "rb") as src, gzip.open(mpath, "wb") as dst:
+                    dst.write(src.read())
+                os.remove(raw)
+            one.update(trace=mpath, summary=summarize(load_trace(mpath)))
+        results.append(one)
     if rank == 0:
-        path = args.trace or "/tmp/profile_ep_trace.json"
-        raw = path[:-3] if path.endswith(".gz") else path
-        prof.export_chrome_trace(raw)
-        if path.endswith(".gz"):
-            with open(raw, "rb") as src, gzip.open(path, "wb") as dst:
-                dst.write(src.read())
-            os.remove(raw)
         doc = {
             "argv": " ".join(
                 [f"torchrun --standalone --nproc-per-node {W} benches/profile_ep.py", *sys.argv[1:]]
             ),
-            "device": torch.cuda.get_device_name(dev),
+            "device": torch.cuda.get_device_name(dev) if cuda else "cpu",
             "world": W,
+            "backend": dist.get_backend(),
             "torch": torch.__version__,
+            "dtype": str(dtype).replace("torch.", ""),
             "groupmm": groupmm.build_info().get("version"),
             "config": args.config,
             "dims": [d, f, E, k],
             "tokens_per_gpu": T,
-            "steps_ms": steps,
-            "marks": every,
-            "summary": summarize(load_trace(path)),
+            "modes": results,
         }
         md = render_md(doc)
         print(md)

@@ -1,8 +1,11 @@
 """benches/bench_ep.py on the CPU: its pure parts (routing, the split's arithmetic, the row
-from every rank's numbers, markdown and merging), the phase marks through a real backward,
-and whole runs under torchrun on gloo (2 ranks in float64, 1 rank in float32, tiny sizes,
-``--check``): exit 0, the JSON's structure, and every implementation that ran giving the
-same outputs and gradients as a plain-torch reference and as groupmm's fused layer.
+from every rank's numbers with its EP efficiency, exchange sizes and all-to-all bandwidth,
+markdown and merging, files without those fields), the phase marks through a real
+backward, and whole runs under torchrun on gloo (2 ranks in float64, 1 rank in float32,
+tiny sizes, ``--check``): exit 0, the JSON's structure, and every implementation that ran
+(fixed-size exchanges and the whole layer on one rank included) giving the same outputs and
+gradients as a plain-torch reference and as groupmm's fused layer. benches/profile_ep.py:
+its options, its markdown (old files too) and a 2-rank gloo run of both modes.
 
 torchtitan is not installed in CI: there the bench skips it and says why, which is checked;
 where it imports (e.g. PYTHONPATH with torchtitan 0.3.0 and its dependencies), its rows are
@@ -29,6 +32,7 @@ ep_run = load_bench("ep_run")
 ep_split = load_bench("ep_split")
 ep_report = load_bench("ep_report")
 bench = load_bench("bench_ep")
+profile_ep = load_bench("profile_ep")
 
 needs_gloo = pytest.mark.skipif(
     not (dist.is_available() and dist.is_gloo_available()), reason="needs gloo"
@@ -93,8 +97,8 @@ def test_marks_stamp_forward_and_backward_in_order():
     assert set(ph) == {"step", *ep_split.PHASES}
 
 
-def _rank(samples, phases, recv):
-    return {"rank": 0, "recv_rows": recv, "samples": samples, "phases": phases}
+def _rank(samples, phases, recv, **more):
+    return {"rank": 0, "recv_rows": recv, "samples": samples, "phases": phases, **more}
 
 
 def test_row_takes_the_slowest_rank_and_the_ratios():
@@ -131,6 +135,75 @@ def test_row_takes_the_slowest_rank_and_the_ratios():
     assert single["vs_torchtitan"] is None and single["phases_ms"]["dispatch"] is None
     assert row["recv_rows"] == [300, 100] and row["recv_imbalance"] == 1.5
     assert row["errors"] == {"unfused": "why"}
+    # no whole layer, no splits, no all-to-all: those figures are left out
+    assert f["ep_efficiency"] is None and "exchange" not in f and "alltoall" not in row
+
+
+def test_row_efficiency_exchanges_and_bandwidth():
+    """EP efficiency = whole's step / this one's (the slowest rank's, median over rounds);
+    the exchanges' rows and bytes from every rank's splits (fused) or from T (fixed); the
+    all-to-all's time from the slowest rank per sample."""
+    names = ["fused", "fixed", "unfused", "whole", "single"]
+    ph = {"dispatch": 2.0, "experts": 2.0, "combine": 1.0, "step": 5.0}
+    local = {"step": 3.0, "experts": 3.0}
+    phases = {"fused": ph, "fixed": ph, "unfused": ph, "whole": local, "single": local}
+    row_bytes = 16 * 2  # d = 16 in bf16
+    ranks = []
+    # rank 0 sends [30, 10] rows to ranks 0, 1 and rank 1 [20, 40]: rank 0 receives
+    # [30, 20], rank 1 [10, 40]
+    for steps, ins, outs, a2a in (
+        ([5.0, 4.0], [30, 10], [30, 20], {"fixed": [1.0, 2.0, 3.0], "exact": [1.0, 1.0, 1.0]}),
+        ([4.0, 4.0], [20, 40], [10, 40], {"fixed": [2.0, 1.0, 5.0], "exact": [0.5, 2.0, 1.0]}),
+    ):
+        samples = {n: steps for n in ("fused", "fixed", "unfused")}
+        samples.update(whole=[3.0, 2.0], single=[1.0, 1.0])
+        splits = {"in": ins, "out": outs}
+        alltoall = {"fixed": {"rows": 2 * 64, "ms": a2a["fixed"]}}
+        alltoall["exact"] = {"rows": 50, "ms": a2a["exact"]}
+        ranks.append(
+            _rank(samples, phases, 100, splits=splits, row_bytes=row_bytes, alltoall=alltoall)
+        )
+    spec = {"config": "c", "routing": "uniform", "T": 64, "d_model": 16, "d_ff": 8}
+    spec.update(experts=4, top_k=2)
+    row = ep_report.make_row(spec, 2, ranks, names, {}, None, "bfloat16")
+    im = row["impls"]
+    assert im["fused"]["step_ms"] == 4.5 and im["whole"]["step_ms"] == 2.5
+    for n in ("fused", "fixed", "unfused"):
+        assert im[n]["ep_efficiency"] == pytest.approx(2.5 / 4.5)
+        assert im[n]["ep_efficiency_rounds"]["min"] == pytest.approx(2.0 / 4.0)
+        assert im[n]["ep_efficiency_rounds"]["max"] == pytest.approx(3.0 / 5.0)
+    assert im["whole"]["ep_efficiency"] is None and im["single"]["ep_efficiency"] is None
+    assert im["whole"]["vs_torchtitan"] is None and "exchange" not in im["unfused"]
+    # fused: rank 0 sends [30, 10] (10 off-rank), rank 1 [20, 40] (20 off-rank); rank 0
+    # receives [30, 20] (20 off-rank back), rank 1 [10, 40] (10 off-rank back)
+    x = im["fused"]["exchange"]
+    assert x["dispatch_rows"] == [40, 60] and x["return_rows"] == [50, 50]
+    assert x["dispatch_bytes_off"] == [10 * row_bytes, 20 * row_bytes]
+    assert x["return_bytes_off"] == [20 * row_bytes, 10 * row_bytes]
+    assert x["phase_bytes_off"] == [30 * row_bytes] * 2
+    assert x["step_bytes_off"] == [60 * row_bytes] * 2
+    assert x["achieved_gb_per_s"] == pytest.approx(30 * row_bytes / 2.0 / 1e6)
+    x = im["fixed"]["exchange"]
+    assert x["dispatch_rows"] == [128, 128] and x["return_rows"] == [128, 128]
+    assert x["dispatch_bytes_off"] == [64 * row_bytes] * 2
+    a = row["alltoall"]["fixed"]
+    assert a["rows"] == 128 and a["bytes_off_rank"] == 64 * row_bytes
+    assert a["samples_ms"] == [2.0, 2.0, 5.0] and a["ms"] == 2.0
+    assert a["per_rank_ms"] == [2.0, 2.0]
+    assert a["gb_per_s"] == pytest.approx(64 * row_bytes / 2.0 / 1e6)
+    e = row["alltoall"]["exact"]
+    assert e["samples_ms"] == [1.0, 2.0, 1.0] and e["bytes_off_rank"] == 25 * row_bytes
+    md = ep_report.render_md({"world": 2, "device": "cpu", "argv": ["x"], "rows": [row]})
+    assert "**EP efficiency**" in md and "| c (16, 8, 4, 2) | uniform | 2 | **0.56** |" in md
+    assert "| groupmm fused, fixed sizes | 0.56 (0.50–0.60) | 4.50 |" in md
+    assert "all_to_all_single, fixed-size rows (W*T) | 128 | - |" in md
+    assert "groupmm fused: dispatch phase | 50 | 50 |" in md
+    lines = ep_report.bandwidth_lines(row)
+    assert len(lines) == 4 and "GB/s (lower bound)" in lines[-1]
+    assert "EP efficiency 0.56" in ep_report.format_line(row, "fused")
+    # W = 1: nothing leaves the rank, no bandwidth
+    one = ep_report.alltoall_figures(64, 1, row_bytes, [[1.0, 2.0, 3.0]])
+    assert one["bytes_off_rank"] == 0 and one["gb_per_s"] is None and one["ms"] == 2.0
 
 
 def _doc(world, step):
@@ -155,8 +228,11 @@ def test_markdown_and_merge(tmp_path):
     assert [r["world"] for r in merged["rows"]] == [1, 2]
     assert merged["runs"] == [["run", "1"], ["run", "2"]]
     md = ep_report.render_md(merged)
-    assert "| tiny (16, 32, 8, 2) | skewed | 1 | groupmm fused | 3.00 | 21.3k |" in md
-    assert "| tiny (16, 32, 8, 2) | skewed | 2 | groupmm fused | 4.00 | 16.0k |" in md
+    # files written before the EP efficiency and the bandwidth: no such figures, no tables
+    assert "| tiny (16, 32, 8, 2) | skewed | 1 | groupmm fused | - | 3.00 | 21.3k |" in md
+    assert "| tiny (16, 32, 8, 2) | skewed | 2 | groupmm fused | - | 4.00 | 16.0k |" in md
+    assert "**EP efficiency**" not in md and "all_to_all_single," not in md
+    assert "EP efficiency 1" not in ep_report.format_line(merged["rows"][0], "fused")
     assert "- torchtitan: import torchtitan failed (tiny skewed W=1; tiny skewed W=2)" in md
     # --from-json renders and merges without torchrun
     paths = []
@@ -181,7 +257,8 @@ def _launch(tmp_path, world, dtype, routing):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     cmd += ["--nproc-per-node", str(world), str(SCRIPT), "--device", "cpu", "--dtype", dtype]
     cmd += ["--configs", "tiny", "--routing", routing, "--tokens-per-gpu", "48", "--check"]
-    cmd += ["--warmup", "1", "--rounds", "2", "--calls", "1", "--json", str(out), "--md", str(md)]
+    cmd += ["--warmup", "1", "--rounds", "2", "--calls", "1", "--a2a-samples", "3"]
+    cmd += ["--json", str(out), "--md", str(md)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return json.loads(out.read_text()), md.read_text(), proc.stdout
@@ -194,8 +271,10 @@ def _check_doc(doc, md, stdout, world, dtype, routings):
     assert doc["argv"][0].startswith(f"torchrun --standalone --nproc-per-node {world} ")
     assert "--check" in doc["argv"] and doc["started"] and doc["tokens_per_gpu"] == 48
     assert doc["timer"]["split"] is True and doc["timer"]["clock"] == "perf_counter"
+    assert doc["timer"]["a2a_samples"] == 3
     tt = doc["torchtitan"]
-    expected = {"fused", "unfused", "single"} | ({"torchtitan"} if tt["used"] else set())
+    ep = {"fused", "fixed", "unfused"} | ({"torchtitan"} if tt["used"] else set())
+    expected = ep | {"whole", "single"}
     assert [r["routing"] for r in doc["rows"]] == routings
     for row in doc["rows"]:
         assert row["world"] == world and len(row["recv_rows"]) == world
@@ -206,9 +285,33 @@ def _check_doc(doc, md, stdout, world, dtype, routings):
             assert v["step_ms"] > 0 and len(v["samples_ms"]) == 2, name
             assert len(v["per_rank"]) == world
             assert v["phases_ms"]["experts"] > 0, name
-            if name != "single":  # the split reached every EP implementation
+            if name in ep:  # the split reached every EP implementation
                 assert all(v["phases_ms"][p] is not None for p in ep_split.PHASES), name
                 assert v["experts_vs_single"] > 0
+                whole = row["impls"]["whole"]["step_ms"]
+                assert v["ep_efficiency"] == pytest.approx(whole / v["step_ms"]), name
+            else:  # one GPU, no exchange: the whole step is experts
+                assert v["phases_ms"]["dispatch"] is None and v["ep_efficiency"] is None
+        # the exchanges: every rank's dispatch is some rank's return, T rows per pair with
+        # fixed sizes; the bytes are the [rows, d] rows that leave a rank
+        row_bytes = 16 * (8 if dtype == "float64" else 4)
+        fused, fixed = row["impls"]["fused"]["exchange"], row["impls"]["fixed"]["exchange"]
+        assert fused["row_bytes"] == fixed["row_bytes"] == row_bytes
+        assert sum(fused["dispatch_rows"]) == sum(fused["return_rows"])
+        assert all(48 <= n <= 48 * min(world, 2) for n in fused["dispatch_rows"])
+        assert fixed["dispatch_rows"] == fixed["return_rows"] == [world * 48] * world
+        assert fixed["dispatch_bytes_off"] == [(world - 1) * 48 * row_bytes] * world
+        a2a = row["alltoall"]
+        assert a2a["fixed"]["rows"] == world * 48 and a2a["exact"]["rows"] % world == 0
+        assert a2a["exact"]["rows"] == world * round(sum(fused["dispatch_rows"]) / world**2)
+        for a in a2a.values():
+            assert a["ms"] > 0 and len(a["samples_ms"]) == 3 and len(a["per_rank_ms"]) == world
+            assert a["bytes_off_rank"] == a["rows"] // world * (world - 1) * row_bytes
+            if world > 1:
+                assert a["gb_per_s"] > 0
+                assert fused["achieved_gb_per_s"] > 0 and fixed["achieved_gb_per_s"] > 0
+            else:
+                assert a["gb_per_s"] is None and fixed["achieved_gb_per_s"] is None
         # the speed comparison is also a correctness comparison
         c = row["check"]
         assert c["ok"], c["failed"]
@@ -220,7 +323,9 @@ def _check_doc(doc, md, stdout, world, dtype, routings):
         if tt["used"]:
             assert row["impls"]["fused"]["vs_torchtitan"] > 0
     assert "| tiny (16, 32, 8, 2) |" in md and "check: every implementation within" in md
-    assert "groupmm fused" in stdout and "tok/s/GPU" in stdout
+    assert "**EP efficiency**" in md and "groupmm fused, fixed sizes: dispatch phase" in md
+    assert "groupmm fused" in stdout and "tok/s/GPU" in stdout and "EP efficiency" in stdout
+    assert "all_to_all_single, fixed-size rows" in stdout
 
 
 @needs_gloo
@@ -228,8 +333,10 @@ def test_two_ranks_float64(tmp_path):
     doc, md, out = _launch(tmp_path, 2, "fp64", "uniform,skewed")
     _check_doc(doc, md, out, 2, "float64", ["uniform", "skewed"])
     for row in doc["rows"]:
-        for name in ("fused", "unfused"):
+        for name in ("fused", "fixed", "unfused", "whole"):
             assert max(row["check"]["vs_reference"][name].values()) <= 1e-10
+        # fixed sizes move the same rows (and padding): fused's results, to rounding
+        assert max(row["check"]["vs_fused"]["fixed"].values()) <= 1e-12
     skewed = doc["rows"][1]["recv_rows"]
     assert skewed[0] > skewed[1]  # rank 0 owns the popular experts
 
@@ -239,3 +346,54 @@ def test_one_rank_float32(tmp_path):
     doc, md, out = _launch(tmp_path, 1, "fp32", "skewed")
     _check_doc(doc, md, out, 1, "float32", ["skewed"])
     assert doc["rows"][0]["recv_rows"] == [48 * 2]  # every copy stays on the one rank
+
+
+# ---------------------------------------------------------------------- profile_ep
+
+
+def test_profile_options_and_old_markdown():
+    assert profile_ep.parse_args([]).modes == ["exact"]
+    a = profile_ep.parse_args(["--capacity", "tokens", "--tokens-per-gpu", "64"])
+    assert a.modes == ["fixed"] and profile_ep.capacity_of(a, "fixed") == 64
+    a = profile_ep.parse_args(["--capacity", "80", "--tokens-per-gpu", "64"])
+    assert profile_ep.capacity_of(a, "fixed") == 80 and profile_ep.capacity_of(a, "exact") is None
+    a = profile_ep.parse_args(["--modes", "exact,fixed", "--tokens-per-gpu", "64"])
+    assert a.modes == ["exact", "fixed"] and profile_ep.capacity_of(a, "fixed") == 64
+    for bad in (["--capacity", "32", "--tokens-per-gpu", "64"], ["--capacity", "x"]):
+        with pytest.raises(SystemExit):
+            profile_ep.parse_args(bad)
+    with pytest.raises(SystemExit):
+        profile_ep.parse_args(["--modes", "exact,exact"])
+    assert profile_ep.trace_path("/t/p.json.gz", "fixed", True) == "/t/p-fixed.json.gz"
+    assert profile_ep.trace_path("/t/p.json", "exact", False) == "/t/p.json"
+    # a file written before the modes: one exact-size profile
+    summary = {"span": 3.0, "gemm": 1.0, "nccl": 1.0, "rows": 0.5, "other": 0.25, "idle": 0.25}
+    old = {"argv": "torchrun x", "device": "H200", "world": 2, "torch": "2.x"}
+    old.update(config="mixtral", dims=[4096, 14336, 8, 2], tokens_per_gpu=16384)
+    old.update(steps_ms=[3.0], marks=[[["start", 0.0, 0.0]]] * 2, summary=summary)
+    md = profile_ep.render_md(old)
+    assert "(nccl)" in md and "bfloat16" in md
+    assert "| exact (capacity=None: one host sync per call) | 3.00 | 3.00 | 1.00 |" in md
+
+
+@needs_gloo
+def test_profile_both_modes_on_gloo(tmp_path):
+    md = tmp_path / "prof.md"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    cmd += [str(ROOT / "benches" / "profile_ep.py"), "--device", "cpu", "--config", "tiny"]
+    cmd += ["--tokens-per-gpu", "32", "--modes", "exact,fixed", "--md", str(md)]
+    cmd += ["--trace", str(tmp_path / "trace.json.gz")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    doc = json.loads((tmp_path / "prof.json").read_text())
+    assert [m["mode"] for m in doc["modes"]] == ["exact", "fixed"]
+    assert [m["capacity"] for m in doc["modes"]] == [None, 32]
+    for m in doc["modes"]:
+        assert len(m["steps_ms"]) == 5 and len(m["marks"]) == 2
+        assert set(m["summary"]) >= {*profile_ep.CATEGORIES, "idle", "span"}
+        assert Path(m["trace"]).exists() and m["trace"].endswith(f"-{m['mode']}.json.gz")
+    names = [n for n, _, _ in doc["modes"][1]["marks"][0]]
+    assert "plan_fixed<" in names and "plan_tokens<" not in names
+    text = md.read_text()
+    assert "fixed (capacity=32: no host sync)" in text and "(gloo)" in text
