@@ -535,6 +535,9 @@ def run_graph(ctx: Ctx, case: Case) -> List[Result]:
         want = fixed_step(ex, fresh, None)
         for name, g, w in zip(GRADS, got, want):
             results.append((f"replay{draw}_{name}", rel_err(g, w), tol))
+    del captured, out
+    graph.reset()  # before the communicator it captured
+    torch.cuda.synchronize()
     return results
 
 
