@@ -33,7 +33,7 @@ projections K = d_ff, N = d. T is the number of routed rows (tokens x top-k).
 Routing: uniform; zipf12 (Zipf 1.2 over a fixed permutation, E/8 experts empty); skewed
 (Zipf 1.1, E/16 empty).
 
-Classes (the targets of issue 20 are per class): "decode" (serving batches: T = tokens x
+Classes (the summary is per class): "decode" (serving batches: T = tokens x
 top-k of a few hundred rows, a handful per expert; bound by reading the weights), "fine"
 (fine-grained experts, at most 256 routed rows per expert on average), "larger" (more).
 
@@ -45,7 +45,7 @@ weights and dX for dX; x, dy and the E·K·N gradient for dW). "of roofline" is 
 over measured time.
 
 Outputs: a line per row as it finishes (unbuffered), then the table and a summary per class
-against issue 20's targets; --json (rewritten after every shape, so a run cut short keeps
+(geomean and min of each ratio); --json (rewritten after every shape, so a run cut short keeps
 what ran), --md (the same table in markdown, also rewritten after every shape), --png
 (matplotlib, optional). Every output names the device, torch and CUDA versions, the quack
 version and groupmm's build_info. --from-json renders a JSON file's table, markdown and

@@ -2,7 +2,7 @@
 ``F.grouped_mm`` and the plain layer most code writes, in one process, same weights and
 routing, the implementations of a row timed interleaved.
 
-    python3 benches/bench_moe.py [--configs issue22|issue28|fine|legacy|extra|all|NAME,...]
+    python3 benches/bench_moe.py [--configs layer|layer-wide|fine|legacy|extra|all|NAME,...]
         [--tokens 4096,16384] [--routing router,uniform,skewed] [--passes fwd+bwd,fwd]
         [--rounds 10] [--no-sonic] [--budget-s SECONDS] [--json out.json] [--md out.md]
         [--png out.png]
@@ -32,16 +32,15 @@ Implementations (every one is router -> dispatch -> SwiGLU experts -> weighted c
   define).
 
 Configs (d_model, d_ff, experts, top-k), ``--configs`` takes names and groups:
-``issue22`` (the default: issue 22's table) Qwen3-30B-A3B (2048, 768, 128, 8), OLMoE
+``layer`` (the default) Qwen3-30B-A3B (2048, 768, 128, 8), OLMoE
 (2048, 1024, 64, 8), Qwen3-235B-A22B (4096, 1536, 128, 8), gpt-oss-20b-like SwiGLU (2880,
 2880, 32, 4); ``extra`` DeepSeek-V2-Lite's routed experts (2048, 1408, 64, 6); ``fine``
-(issue 28's fine-grained settings: narrow experts, top-k 2-16, up to 256 experts, the names
-spell out d, F, E, k); ``issue28`` (issue 28's table: issue22 + extra + GLM-4.5-Air-like
-(4096, 1408, 128, 8) + fine); ``legacy``
-(the configs of earlier runs) qwen3 (2048, 768, 128, 8), olmoe, dsv3-local (7168, 2048, 32,
+(fine-grained settings: narrow experts, top-k 2-16, up to 256 experts, the names spell out
+d, F, E, k); ``layer-wide`` (layer + extra + GLM-4.5-Air-like (4096, 1408, 128, 8) + fine);
+``legacy`` (older names and sizes) qwen3 (2048, 768, 128, 8), olmoe, dsv3-local (7168, 2048, 32,
 8: the experts one rank holds under expert parallelism), mixtral (4096, 14336, 8, 2).
 
-Routing: ``router`` (default; what issue 22 measures): each implementation routes with the
+Routing: ``router`` (default): each implementation routes with the
 layer's router, Qwen3 style: softmax over all experts in float32, top-k, renormalised
 (SonicMoE: ``is_softmax_over_topk=False, norm_topk_probs=True``). ``uniform`` (experts drawn
 uniformly, a token's k experts distinct) and ``skewed`` (Zipf 1.2 over experts, E/8 experts
@@ -73,15 +72,15 @@ Check: each implementation's output, and after the memory step its gradients of 
 router weight and the expert weights (SonicMoE's mapped back to groupmm's layout), as
 relative Frobenius differences to fused's (``rel_diff``, ``grad_rel_diff``).
 
-Outputs: a line per row as it finishes, then the table and the summary against issue 22's
-targets (fused ≥ 1.0x SonicMoE's speed on every row, geomean ≥ 1.15x, peak memory ≤
-SonicMoE's); --json and --md rewritten after every row (a run cut short keeps what ran),
---png at the end (matplotlib, optional). Each names the device, the torch and CUDA
-versions, SonicMoE's, quack's and nvidia-cutlass-dsl's versions where importable and
-groupmm's ``build_info()``. --from-json renders result files without a GPU (also the
-files of this bench before round-robin timing); several, comma-separated, are merged into
-one table (e.g. a table measured in two device commands), naming each command and any
-difference in device or versions between them.
+Outputs: a line per row as it finishes, then the table and a summary of the measured
+ratios (fused's speed over SonicMoE's: min, geomean, max; peak memory over SonicMoE's);
+--json and --md rewritten after every row (a run cut short keeps what ran), --png at the
+end (matplotlib, optional). Each names the device, the torch and CUDA versions,
+SonicMoE's, quack's and nvidia-cutlass-dsl's versions where importable and groupmm's
+``build_info()``. --from-json renders result files without a GPU (also the files of this
+bench before round-robin timing); several, comma-separated, are merged into one table
+(e.g. a table measured in two device commands), naming each command and any difference in
+device or versions between them.
 
 Code: the configs in benches/moe_configs.py, the layers and one row's measurement in
 benches/moe_layers.py, rows, summary and rendering in benches/moe_report.py, SonicMoE's
@@ -215,9 +214,9 @@ def parse_args(argv=None):
     p = parser(__doc__)
     p.add_argument(
         "--configs",
-        default="issue22",
-        help="comma list of config names and groups: issue22 (default), issue28, fine, extra, "
-        "legacy, all",
+        default="layer",
+        help="comma list of config names and groups: layer (default), layer-wide, fine, "
+        "extra, legacy, all",
     )
     p.add_argument("--tokens", default="4096,16384", help="comma list of T (tokens)")
     p.add_argument("--routing", default="router", help="router (default), uniform, skewed")

@@ -23,21 +23,21 @@ Ops (each is a pass the fused MoE layer runs; R = T*k routed rows, D columns):
   ``x.index_select(0, src)``;
 - ``scatter``: ``scatter_rows(grad [T, D], inverse, None, R)`` -> [R, D],
   ``out[inverse[t, j]] = grad[t]``. torch: ``torch.zeros(R, D).index_add_(0,
-  inverse.reshape(-1), grad.repeat_interleave(k, 0))`` (``index_add_``, as the issue names
-  it; every row receives one add onto zero, so the result is exact);
+  inverse.reshape(-1), grad.repeat_interleave(k, 0))`` (every row receives one add onto
+  zero, so the result is exact);
 - ``copy``: the reference of every row, ``dst.copy_(src)`` of two contiguous uint8 buffers
   of bytes/2 bytes each: it moves the op's bytes (read + write).
 
-Bytes (:func:`op_bytes`, the one definition): what the op must move at the least: every
-row it names read once, every output row written once, the int32 index read once and the
-float32 weights read once (es = element size):
+Bytes (:func:`op_bytes`, the one definition): the minimum the op must move, for every op:
+each distinct input row read once, each output row written once, the int32 index and the
+float32 weights read once (es = element size); nothing an implementation adds (scratch,
+re-reads, temporaries) counts, so GB/s is an effective rate against that minimum:
 
-- combine = (R + T)*D*es + R*4 (index) + R*4 (weights);
+- combine = (R + T)*D*es + R*4 (index) + R*4 (weights): R rows in, T rows out;
 - sum = (R + T)*D*es + R*4;
-- gather = 2*R*D*es + R*4;
-- scatter = 2*R*D*es + R*4 + 2*R*4: the kernel zeroes an int32 [R] scratch (the row each
-  routed row comes from) and writes it before the row pass, counted here; the row pass
-  reading it back (another R*4) is not.
+- gather = (T + R)*D*es + R*4: the T source rows read once (each is routed k times), R
+  rows written;
+- scatter = (T + R)*D*es + R*4: T gradient rows read once, R rows written.
 
 groupmm GB/s and torch GB/s are these bytes over each one's median time (torch moves more:
 its temporaries, so its figure is an effective rate); copy GB/s is the copy's; groupmm /

@@ -1,5 +1,5 @@
 """Can the exchanges of expert parallelism overlap the expert GEMMs? The measurement behind
-issue 30's decision not to chunk the EP dispatch (docs/expert_parallel.md, "Overlap").
+the decision not to chunk the EP dispatch (docs/expert_parallel.md, "Overlap").
 
     NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc-per-node W benches/ep_overlap.py \\
         [--configs mixtral,qwen3-30b-a3b] [--tokens-per-gpu 16384] [--samples 15] \\

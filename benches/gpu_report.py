@@ -3,7 +3,7 @@
 A row (:func:`make_row`) holds per implementation (groupmm, torch, quack, loop, dense)
 the median ms and TFLOP/s, the spread and per-round samples, the ratios (vs quack, vs
 torch, of the roofline; ``paired``: round by round) and why any has no figure;
-:func:`class_summary` holds them per class against issue 20's targets (``TARGETS``);
+:func:`class_summary` sums them up per class;
 :func:`render_md` is the markdown (md_table.py's table comes from the same rows),
 :func:`render_png` the chart.
 """
@@ -16,7 +16,6 @@ from report import (  # benches/report.py, same folder
     chart,
     commands,
     fmt,
-    mark,
     md_head,
     min_stats,
     save_png,
@@ -25,18 +24,6 @@ from report import (  # benches/report.py, same folder
     timed_fields,
 )
 from timing import paired  # benches/timing.py, same folder
-
-#: issue 20's targets per class: (key, label, threshold, "min" or "geomean")
-TARGETS = {
-    "fine": [
-        ("vs_quack", "vs quack", 1.0, "min"),
-        ("vs_quack", "vs quack", 1.15, "geomean"),
-        ("vs_torch", "vs torch", 1.0, "min"),
-        ("roofline", "of roofline", 0.80, "min"),
-    ],
-    "larger": [("vs_torch", "vs torch", 1.0, "min")],
-    "decode": [("vs_torch", "vs torch", 1.0, "min")],
-}
 
 #: the command every result document's argv follows
 SCRIPT = "python3 benches/bench_gpu.py"
@@ -113,35 +100,24 @@ def label(row: dict) -> str:
 
 def class_summary(rows) -> list:
     """Per class: rows, and for each ratio (vs quack, vs torch, of roofline) its count,
-    geomean, min and the row holding the min; then each of issue 20's targets met or not."""
+    geomean, min and the row holding the min."""
     out = []
     for c in CLASSES:
         rs = [r for r in rows if class_of(r) == c]
         if not rs:
             continue
-        ent = {"class": c, "rows": len(rs), "stats": {}, "targets": []}
+        ent = {"class": c, "rows": len(rs), "stats": {}}
         for key in ("vs_quack", "vs_torch", "roofline"):
             vals = [(ratio(r, key), r) for r in rs if ratio(r, key)]
             if vals:
                 ent["stats"][key] = min_stats(vals, label)
-        for key, lab, thr, how in TARGETS.get(c, []):
-            st = ent["stats"].get(key)
-            val = None if st is None else st[how]
-            ent["targets"].append(
-                {
-                    "what": f"{lab} {how}",
-                    "target": thr,
-                    "value": val,
-                    "met": None if val is None else val >= thr,
-                }
-            )
         out.append(ent)
     return out
 
 
 def summary(rows) -> str:
-    """Per class: geomean and min of groupmm over quack, over torch and of the roofline,
-    with issue 20's targets (a few lines of text; md_table.py prints it too)."""
+    """Per class: geomean and min of groupmm over quack, over torch and of the roofline
+    (a few lines of text; md_table.py prints it too)."""
     lines = []
     for ent in class_summary(rows):
         parts = []
@@ -157,14 +133,6 @@ def summary(rows) -> str:
                     f"({st['min_row']}; {st['n']} rows)"
                 )
         lines.append(f"{CLASS_TITLE[ent['class']]} ({ent['rows']} rows): " + "; ".join(parts))
-        if ent["targets"]:
-            lines.append(
-                "  targets: "
-                + ", ".join(
-                    f"{t['what']} ≥ {t['target']:.2f}: {fmt(t['value'], '.2f')} {mark(t['met'])}"
-                    for t in ent["targets"]
-                )
-            )
     return "\n".join(lines) if lines else "no rows"
 
 
@@ -227,18 +195,15 @@ def render_md(doc: dict) -> str:
     out += [
         "",
         "| class | rows | vs quack geomean | vs quack min | vs torch geomean | vs torch min "
-        "| of roofline geomean | of roofline min | issue 20 targets |",
+        "| of roofline geomean | of roofline min |",
     ]
-    out.append("| --- |" + " ---: |" * 7 + " --- |")
+    out.append("| --- |" + " ---: |" * 7)
     for ent in class_summary(rows):
         st = ent["stats"]
         cells = [CLASS_TITLE[ent["class"]], str(ent["rows"])]
         for key in ("vs_quack", "vs_torch", "roofline"):
             s = st.get(key)
             cells += [fmt(s and s["geomean"], ".2f"), fmt(s and s["min"], ".2f")]
-        cells.append(
-            "; ".join(f"{t['what']} ≥ {t['target']:.2f} {mark(t['met'])}" for t in ent["targets"])
-        )
         out.append("| " + " | ".join(cells) + " |")
 
     def rng(r, k):

@@ -27,7 +27,7 @@ class Spec(NamedTuple):
 
 
 # Fine-grained first, then decode sizes, then larger experts: a run cut short by --budget-s
-# or a timeout keeps the rows issue 20's targets are strictest on.
+# or a timeout keeps the fine-grained rows, the hardest for a grouped GEMM.
 SPECS = {
     # --- fine-grained (≤ 256 routed rows per expert on average)
     "qwen3-up": Spec(128, 2048, 768, 32768, "Qwen3-30B-A3B", "up, one half", 4096, 8),
@@ -70,7 +70,7 @@ SPECS = {
     "dsv3-down": Spec(32, 2048, 7168, 65536, "DeepSeek-V3, 32 of 256 experts", "down", 8192, 8),
 }
 
-#: the seven shapes of the benchmark before issue 20 (docs/performance.md's tables)
+#: the seven shapes of the original benchmark table (docs/performance.md's tables)
 LEGACY = ("mixtral-up", "mixtral-down", "dsv3-up", "dsv3-down", "qwen3-up", "qwen3-down", "small64")
 
 #: name -> (E, K, N, T): the shape table as other benches read it (profile_gpu.py)
@@ -100,7 +100,7 @@ def counts_for(E: int, T: int, routing: str) -> list:
         base[0] += T - sum(base)
         return base
     # Zipf-like over a fixed permutation: "skewed" exponent 1.1 with E//16 (≥1) experts
-    # empty; "zipf12" exponent 1.2 with E//8 (≥1) empty (the routing of issue 11's table).
+    # empty; "zipf12" exponent 1.2 with E//8 (≥1) empty (the varlen kernels' tuning routing).
     expo, frac = (1.2, 8) if routing == "zipf12" else (1.1, 16)
     empty = max(1, E // frac)
     live = E - empty

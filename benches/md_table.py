@@ -1,6 +1,7 @@
 """The performance table (README, docs/performance.md) (markdown) from a `bench_gpu.py --json` file.
 
-    python3 benches/md_table.py benches/results/h200_bf16.json [--vs other_dtype.json]
+    python3 benches/md_table.py benches/results/h200_bf16_gemm_vs_torch_quack.json \\
+        [--vs other_dtype.json]
 
 --vs adds a column with this file's groupmm TFLOP/s over the other file's (e.g. fp16
 over bf16 measured on the same machine).

@@ -5,9 +5,10 @@ over GPUs. Also the workload vocabulary of those benches: how tokens are routed
 (``PASSES``).
 
 Configs (d_model, d_ff, experts, top-k), selected by names and groups
-(:func:`select_configs`): ``issue22`` (issue 22's table), ``extra``, ``fine`` (issue 28's
-fine-grained settings), ``issue28`` (issue 28's table), ``legacy`` (the configs of earlier
-runs), ``all`` (every distinct config once); ``TINY`` for smoke runs.
+(:func:`select_configs`): ``layer`` (four published MoE models' layers), ``extra``,
+``fine`` (fine-grained settings), ``layer-wide`` (``layer`` + ``extra`` + GLM-4.5-Air-like
++ ``fine``), ``legacy`` (older names and sizes), ``all`` (every distinct config once);
+``TINY`` for smoke runs.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ CONFIGS = {
     "dsv3-local": (7168, 2048, 32, 8),
     "mixtral": (4096, 14336, 8, 2),
     "glm45-air": (4096, 1408, 128, 8),
-    # issue 28's fine-grained settings (narrow experts, wide top-k, long sequences: the
+    # fine-grained settings (narrow experts, wide top-k, long sequences: the
     # settings SonicMoE is benchmarked on)
     "fine-1536-256-e128-k8": (1536, 256, 128, 8),
     "fine-1536-512-e256-k16": (1536, 512, 256, 16),
@@ -54,7 +55,7 @@ MODELS = {
     "tiny": "tiny",
 }
 GROUPS = {
-    "issue22": ("qwen3-30b-a3b", "olmoe", "qwen3-235b-a22b", "gpt-oss-20b"),
+    "layer": ("qwen3-30b-a3b", "olmoe", "qwen3-235b-a22b", "gpt-oss-20b"),
     "extra": ("dsv2-lite",),
     "legacy": ("qwen3", "olmoe", "dsv3-local", "mixtral"),
     "fine": (
@@ -65,10 +66,10 @@ GROUPS = {
         "fine-768-1024-e32-k2",
     ),
 }
-# issue 28's table: issue 22's configs, DeepSeek-V2-Lite, GLM-4.5-Air and the fine-grained ones
-GROUPS["issue28"] = GROUPS["issue22"] + GROUPS["extra"] + ("glm45-air",) + GROUPS["fine"]
+# the wide table: the layer configs, DeepSeek-V2-Lite, GLM-4.5-Air and the fine-grained ones
+GROUPS["layer-wide"] = GROUPS["layer"] + GROUPS["extra"] + ("glm45-air",) + GROUPS["fine"]
 # every distinct config once ("qwen3" has qwen3-30b-a3b's sizes)
-GROUPS["all"] = GROUPS["issue28"] + ("dsv3-local", "mixtral")
+GROUPS["all"] = GROUPS["layer-wide"] + ("fine-1536-256-e256-k16", "dsv3-local", "mixtral")
 TINY = {"tiny": (64, 32, 8, 2)}
 
 #: how tokens are routed: the layer's router, or fixed experts (:func:`routing`)

@@ -3,8 +3,8 @@
 A row (:func:`make_row`) holds per implementation (``IMPLS``) the median ms, its spread
 and per-round samples, the peak bytes of a step, the output and gradient differences to
 fused's, fused's speed and memory over each other implementation (:func:`ratios`,
-``paired``: round by round) and why any has no figure; :func:`summarize` holds them
-against issue 22's targets; :func:`render_md` is the markdown table, :func:`render_png`
+``paired``: round by round) and why any has no figure; :func:`summarize` sums them up
+over the rows; :func:`render_md` is the markdown table, :func:`render_png`
 the chart, :func:`merge_docs` and :func:`upgrade_legacy` what ``--from-json`` reads.
 """
 
@@ -17,7 +17,6 @@ from report import (  # benches/report.py, same folder
     commands,
     differ,
     fmt,
-    mark,
     md_head,
     merge_runs,
     min_stats,
@@ -38,8 +37,9 @@ LABELS = {
     "plain": "plain",
     "sonicmoe": "SonicMoE",
 }
-#: issue 22's targets: fused's speed over SonicMoE (min, geomean), peak memory over SonicMoE's
-TARGET_MIN, TARGET_GEOMEAN, TARGET_MEM = 1.0, 1.15, 1.0
+#: parity: a speed ratio below it (fused slower) or a memory ratio above it (fused larger)
+#: is set in bold in the tables
+PARITY = 1.0
 #: the command every result document's argv follows
 SCRIPT = "python3 benches/bench_moe.py"
 
@@ -79,10 +79,10 @@ def label(row: dict) -> str:
 
 def summarize(rows) -> dict:
     """Over the fwd+bwd rows: fused's speed over SonicMoE, torch-gmm and plain (count,
-    geomean, min and the row holding it, max), fused's memory over SonicMoE's (max and the
-    rows above 1), and issue 22's three targets, each met, not met or not measured."""
+    geomean, min and the row holding it, max) and fused's memory over SonicMoE's (max and
+    the rows above 1)."""
     rs = [r for r in rows if r.get("pass", "fwd+bwd") == "fwd+bwd"]
-    out = {"rows": len(rs), "speed": {}, "mem": {}, "targets": []}
+    out = {"rows": len(rs), "speed": {}, "mem": {}}
     for k in ("sonicmoe", "torch-gmm", "plain", "groupmm"):
         vals = [(r["speed"][k], r) for r in rs if (r.get("speed") or {}).get(k)]
         if vals:
@@ -92,16 +92,8 @@ def summarize(rows) -> dict:
             out["mem"][k] = {
                 "n": len(mvals),
                 "max": max(v for v, _ in mvals),
-                "over": [label(r) for v, r in mvals if v > TARGET_MEM],
+                "over": [label(r) for v, r in mvals if v > PARITY],
             }
-    sp, mm = out["speed"].get("sonicmoe"), out["mem"].get("sonicmoe")
-    for what, thr, val, at_least in (
-        ("speed vs SonicMoE, every row", TARGET_MIN, sp and sp["min"], True),
-        ("speed vs SonicMoE, geomean", TARGET_GEOMEAN, sp and sp["geomean"], True),
-        ("peak memory / SonicMoE's, every row", TARGET_MEM, mm and mm["max"], False),
-    ):
-        met = None if val is None else (val >= thr if at_least else val <= thr)
-        out["targets"].append({"what": what, "target": thr, "value": val, "met": met})
     return out
 
 
@@ -119,14 +111,6 @@ def summary_lines(rows) -> list:
     if m:
         over = f"; above SonicMoE's: {', '.join(m['over'])}" if m["over"] else ""
         lines.append(f"peak memory fused / SonicMoE: max {m['max']:.2f}{over}")
-    lines.append(
-        "issue 22 targets: "
-        + "; ".join(
-            f"{t['what']} {'≤' if t['what'].startswith('peak') else '≥'} {t['target']:.2f}: "
-            f"{fmt(t['value'])} {mark(t['met'])}"
-            for t in s["targets"]
-        )
-    )
     return lines
 
 
@@ -210,7 +194,7 @@ def render_md(doc: dict) -> str:
     """The result document as markdown: environment, command, summary, one table row per
     result row (ms: median, and the min-max over the rounds in %; ratios: fused's speed
     over the others, ratio of medians and the range of the round-by-round ratios; bold
-    where issue 22's target fails)."""
+    where fused is slower than SonicMoE or takes more memory)."""
     out = md_head(describe_env(doc), doc, commands(doc, SCRIPT))
     rows = doc.get("rows", [])
     out += [""] + [ln + "  " for ln in summary_lines(rows)]
@@ -229,8 +213,8 @@ def render_md(doc: dict) -> str:
         return s + (f" ({p['min']:.2f}–{p['max']:.2f})" if p else "")
 
     def host_cell(r):
-        # the host's time per fused step (issue 28: below the GPU time, so that the GPU
-        # never waits for the host); bold where it is not
+        # the host's time per fused step, bold where it is not below the GPU time (there
+        # the GPU waits for the host)
         h, g = (r.get("host_ms") or {}).get("fused"), r["ms"].get("fused")
         if h is None:
             return "-"
@@ -240,7 +224,7 @@ def render_md(doc: dict) -> str:
         pk = r.get("peak_bytes") or {}
         s = f"{_mib(pk.get('fused'))} / {_mib(pk.get('sonicmoe'))}"
         m = (r.get("mem") or {}).get("sonicmoe")
-        return f"**{s}**" if m is not None and m > TARGET_MEM and r["pass"] == "fwd+bwd" else s
+        return f"**{s}**" if m is not None and m > PARITY and r["pass"] == "fwd+bwd" else s
 
     out += [
         "",
@@ -260,7 +244,7 @@ def render_md(doc: dict) -> str:
             ms_cell(r, IMPLS[0]),
             host_cell(r),
             *(ms_cell(r, k) for k in IMPLS[1:]),
-            ratio_cell(r, "sonicmoe", TARGET_MIN),
+            ratio_cell(r, "sonicmoe", PARITY),
             ratio_cell(r, "torch-gmm"),
             ratio_cell(r, "plain"),
             mem_cell(r),

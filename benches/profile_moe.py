@@ -3,18 +3,16 @@ forward+backward steps of bench_moe.py's layers (groupmm's fused ``MoELayer``, S
 and optionally the unfused, torch-gmm and plain layers), each kernel put in a category
 (gemm, rows, routing, elementwise, other), per config x tokens row of the layer benchmark.
 
-    python3 benches/profile_moe.py [--configs qwen3|issue22|NAME,...] [--tokens 4096,16384]
+    python3 benches/profile_moe.py [--configs qwen3|layer|NAME,...] [--tokens 4096,16384]
         [--routing router|uniform|skewed] [--impls fused,sonicmoe,groupmm,torch-gmm,plain]
         [--steps 5] [--warmup 3] [--top 22] [--json out.json] [--md out.md]
     python3 benches/profile_moe.py --config qwen3 --tokens 4096    # the old single-row form
     python3 benches/profile_moe.py --dry-run [...]                  # the rows; no GPU
     python3 benches/profile_moe.py --from-json out.json [--md out.md]  # render; no GPU
-    python3 benches/profile_moe.py --bytes-only [--configs ..] [--tokens ..] [--bytes-detail]
-        [--gather-first] [--md out.md] [--json out.json]  # no GPU
 
 Each row profiles the same layer call bench_moe.py times (``moe_layers.build_impls``): the
 same layer (``torch.manual_seed(0)``), x and output gradient (``torch.manual_seed(T)``),
-routing (``router`` by default, as issue 22's table: each implementation routes with the
+routing (``router`` by default, as bench_moe.py: each implementation routes with the
 layer's router; ``uniform``/``skewed`` fix the experts, and SonicMoE, which always routes
 with its own router, is then skipped and said so), and step (the gradients of x and of the
 implementation's parameters set to None, forward, ``backward(gy)``). SonicMoE is optional
@@ -31,30 +29,10 @@ Output: per row the top ``--top`` kernels (name truncated), then a line
 every kernel of every row, names untruncated, with its category; ``--md``: one table with a
 line per (config, tokens): fused's and SonicMoE's totals, each one's gemm / rows / rest
 (rest = routing + elementwise + other), and the gap (fused - SonicMoE) split into its gemm
-and non-gemm parts, and both implementations' routed-row bytes (below); then every row's
-categories; then the byte budget per pass of the first (config, tokens), or of every one
-with ``--bytes-detail``. Both rewritten after every shape.
+and non-gemm parts; then every row's categories. Both rewritten after every shape.
 
-Byte budget (``byte_budget``; analytic, no GPU): for one forward+backward step, the bytes of
-the routed-row tensors (``[R, ·]``, R = T*k rows, of the run's element size) that each pass
-reads and writes, forward and backward apart, for groupmm's fused block and for SonicMoE,
-and the ratio of their totals: the md table's R-GiB columns, each JSON row's ``"bytes"``
-(``{"fused": {"fwd", "bwd", "passes": [..]}, "sonicmoe": {..}}``, bytes) and a summary line
-per (config, tokens). Token-order ``[T, ·]`` tensors and weights are listed at 0, index
-vectors and per-row scalars not at all. The passes are declarative tables of symbolic
-shapes (``fused_passes``, ``SONICMOE_PASSES``) that ``pass_bytes`` multiplies out. The
-fused table must follow groupmm/fused.py's forward and backward; update it when fused.py
-changes. By default it is the path on Hopper (16-bit): every GEMM over routed rows reads
-them through the index, no gather passes; ``--gather-first`` is the path with
-``GROUPMM_SM90_GATHER=0`` and on other GPUs (x's rows and dy copied by row gathers, dW_in
-in column slabs). SonicMoE's table is its design (its GEMMs read the rows of x and
-d_out through the index). ``--bytes-only`` prints the budget tables of the selected
-configs x tokens (bf16) without profiling; ``--from-json`` of a file without budgets
-computes them from the config (bf16 unless the file names its dtype; "-" for a config
-bench_moe.py does not know).
-
-Code: kernel categories, rows and rendering in benches/profile_report.py, the byte budget
-in benches/moe_bytes.py, the layers in benches/moe_layers.py (bench_moe.py's).
+Code: kernel categories, rows and rendering in benches/profile_report.py, the layers in
+benches/moe_layers.py (bench_moe.py's).
 """
 
 from __future__ import annotations
@@ -67,9 +45,7 @@ import groupmm
 import peer_sonicmoe as sonic  # benches/peer_sonicmoe.py, same folder
 import torch
 from cli import comma_list, line_buffered_stdout, parser  # benches/cli.py, same folder
-from groupmm._fused_ops import reads_in_gemm
 from groupmm.moe import MoELayer
-from moe_bytes import byte_budget, render_bytes_md  # benches/moe_bytes.py, same folder
 from moe_configs import CONFIGS, MODELS, ROUTINGS, select_configs
 from moe_layers import build_impls, row_inputs  # benches/moe_layers.py, same folder
 from moe_report import IMPLS  # benches/moe_report.py, same folder
@@ -99,7 +75,7 @@ def write_outputs(doc: dict, args) -> None:
         _write_json(args.json, doc)
     if args.md:
         with open(args.md, "w") as fh:
-            fh.write(render_md(doc, args.bytes_detail))
+            fh.write(render_md(doc))
 
 
 def print_summary(doc: dict) -> None:
@@ -117,15 +93,15 @@ def parse_args(argv=None):
         "--config",
         dest="configs",
         default="qwen3",
-        help="comma list of bench_moe config names and groups (issue22, extra, legacy, all); "
-        "default qwen3",
+        help="comma list of bench_moe config names and groups (layer, layer-wide, fine, "
+        "extra, legacy, all); default qwen3",
     )
     p.add_argument("--tokens", default="4096", help="comma list of T (tokens); default 4096")
     p.add_argument(
         "--routing",
         default="router",
         choices=ROUTINGS,
-        help="router (default: issue 22's table, SonicMoE included), uniform, skewed",
+        help="router (default, SonicMoE included), uniform, skewed",
     )
     p.add_argument(
         "--impls",
@@ -139,23 +115,6 @@ def parse_args(argv=None):
     p.add_argument("--md", help="the tables in markdown, rewritten after every shape")
     p.add_argument("--dry-run", action="store_true", help="print the rows; no GPU")
     p.add_argument("--from-json", help="render a result file (--md); no GPU")
-    p.add_argument(
-        "--bytes-only",
-        action="store_true",
-        help="print the routed-row byte budget of each config x tokens (also to --md, "
-        "--json); no profiling, no GPU",
-    )
-    p.add_argument(
-        "--bytes-detail",
-        action="store_true",
-        help="the byte budget per pass of every config x tokens (default: the first)",
-    )
-    p.add_argument(
-        "--gather-first",
-        action="store_true",
-        help="byte budget: the fused path that copies the routed rows with row gathers "
-        "first (GROUPMM_SM90_GATHER=0, GPUs other than Hopper)",
-    )
     args = p.parse_args(argv)
     args.argv = argv
     args.config_names = select_configs(args.configs)
@@ -199,47 +158,12 @@ def profile_steps(step, steps: int) -> list:
     return events
 
 
-def switches(args, dev=None, dtype=None) -> dict:
-    """The fused byte budget's switches (``fused_passes``): with a device and dtype, the
-    path the fused layer takes there (``reads_in_gemm``: the rows read inside the GEMMs on
-    Hopper unless GROUPMM_SM90_GATHER=0); without, the Hopper default unless
-    ``--gather-first``."""
-    if dev is None:
-        in_gemm = not args.gather_first
-    else:
-        in_gemm = reads_in_gemm(torch.empty(0, device=dev, dtype=dtype))
-    return {"gather_x_in_gemm": in_gemm, "dy_in_gemm": in_gemm}
-
-
-def bytes_only(args, plan) -> int:
-    """``--bytes-only``: the byte budget of every (config, tokens) of ``plan``, printed
-    (and written to --md, and --json as ``{"schema", "switches", "budgets": [..]}``)."""
-    budgets = [(c, T, byte_budget(CONFIGS[c], T, 2, **switches(args))) for c, T in plan]
-    md = render_bytes_md(budgets, args.bytes_detail)
-    print(md, end="")
-    if args.md:
-        with open(args.md, "w") as fh:
-            fh.write(md)
-    if args.json:
-        doc = {
-            "schema": "moe-bytes-1",
-            "command": list(sys.argv[1:] if args.argv is None else args.argv),
-            "dtype": "bfloat16",
-            "bytes_switches": switches(args),
-            "budgets": [{"config": c, "tokens": T, "bytes": b} for c, T, b in budgets],
-        }
-        _write_json(args.json, doc)
-    return 0
-
-
 def profile_shape(cname, T, layer, S, sonic_w, why_no_sonic, args, dev, dtype):
     """Profile every requested implementation at one (config, tokens): ``(rows, skipped)``."""
     d, _f_, E, k = CONFIGS[cname]
     ids, x, gy = row_inputs(T, d, E, k, args.routing, dev, dtype)  # bench_moe.py's
     fwd, leaves, errors = build_impls(layer, ids, k, S, sonic_w, why_no_sonic)
     rows, skipped = [], []
-    es = torch.empty((), dtype=dtype).element_size()
-    budget = byte_budget(CONFIGS[cname], T, es, **switches(args, dev, dtype))
 
     def skip(name, why):
         skipped.append({"config": cname, "tokens": T, "impl": name, "why": why})
@@ -276,7 +200,6 @@ def profile_shape(cname, T, layer, S, sonic_w, why_no_sonic, args, dev, dtype):
             routing=args.routing,
             steps=args.steps,
             warmup_s=warm_s,
-            bytes=budget,
         )
         for ln in kernel_block(row, args.top):
             print(ln)
@@ -291,11 +214,9 @@ def main(argv=None) -> int:
     line_buffered_stdout()
     args = parse_args(argv)
     if args.from_json:
-        from_json(args, one_file, print_summary, lambda d: render_md(d, args.bytes_detail))
+        from_json(args, one_file, print_summary, render_md)
         return 0
     plan = [(c, T) for c in args.config_names for T in args.token_list]
-    if args.bytes_only:
-        return bytes_only(args, plan)
     if args.dry_run:
         for c, T in plan:
             d, f, E, k = CONFIGS[c]
@@ -309,10 +230,7 @@ def main(argv=None) -> int:
         )
         return 0
     if not torch.cuda.is_available():
-        print(
-            "no CUDA device: nothing to profile (--dry-run, --bytes-only or --from-json "
-            "work on the CPU)"
-        )
+        print("no CUDA device: nothing to profile (--dry-run or --from-json work on the CPU)")
         return 2
     dev = torch.device(DEV)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
@@ -337,7 +255,6 @@ def main(argv=None) -> int:
         "steps": args.steps,
         "warmup": args.warmup,
         "patterns": {c: list(p) for c, p in KERNEL_PATTERNS},
-        "bytes_switches": switches(args, dev, dtype),
         "rows": [],
         "skipped": [],
     }

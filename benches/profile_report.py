@@ -4,17 +4,11 @@ Each kernel a profile lists gets a category (:func:`classify`, ``KERNEL_PATTERNS
 rows, routing, elementwise, other); a row (:func:`make_row`) is one implementation's
 kernels per step at one (config, tokens) with their total and per-category sums;
 :func:`render_md` puts fused and SonicMoE side by side with the gap between them
-(:func:`gap`) and their routed-row bytes (benches/moe_bytes.py).
+(:func:`gap`).
 """
 
 from __future__ import annotations
 
-from moe_bytes import (  # benches/moe_bytes.py, same folder
-    budget_totals,
-    bytes_detail_lines,
-    bytes_line,
-    doc_budget,
-)
 from report import fmt  # benches/report.py, same folder
 
 #: the categories, in the order of every sum and table
@@ -205,10 +199,9 @@ def gap_line(config, tokens, fused, sonic):
     )
 
 
-def render_md(doc: dict, bytes_detail: bool = False) -> str:
+def render_md(doc: dict) -> str:
     """The markdown of a result document: where the fused step and SonicMoE's go, per
-    (config, tokens), beside their routed-row bytes; then every row's categories; then
-    the byte budget per pass of the first (config, tokens) (every one: ``bytes_detail``)."""
+    (config, tokens); then every row's categories."""
     rows = doc.get("rows", [])
     out = [
         "# Where the MoE layer's step goes (torch.profiler)",
@@ -224,17 +217,10 @@ def render_md(doc: dict, bytes_detail: bool = False) -> str:
         out += [f"SonicMoE not profiled: {doc['sonicmoe_why']}", ""]
     out += [
         "| config | T | fused ms | SonicMoE ms | fused gemm | fused rows | fused rest "
-        "| SonicMoE gemm | SonicMoE rows | SonicMoE rest | gap ms (gemm, non-gemm) "
-        "| fused R-GiB fwd | fused R-GiB bwd | SonicMoE R-GiB fwd | SonicMoE R-GiB bwd "
-        "| R-bytes fused/SonicMoE |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- "
-        "| ---: | ---: | ---: | ---: | ---: |",
+        "| SonicMoE gemm | SonicMoE rows | SonicMoE rest | gap ms (gemm, non-gemm) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
-    budgets = []
     for config, tokens, fz, sn in pairs(rows):
-        budget = doc_budget(doc, config, tokens, fz, sn)
-        budgets.append((config, tokens, budget))
-        *gibs, ratio = budget_totals(budget)
         fs = split3(fz) if fz else (None,) * 3
         ss = split3(sn) if sn else (None,) * 3
         gp = gap(fz, sn)
@@ -247,17 +233,13 @@ def render_md(doc: dict, bytes_detail: bool = False) -> str:
             *(fmt(v, ".3f") for v in fs),
             *(fmt(v, ".3f") for v in ss),
             gtxt,
-            *(fmt(v, ".3f") for v in gibs),
-            fmt(ratio, ".2f"),
         ]
         out.append("| " + " | ".join(cells) + " |")
     out += [
         "",
         "rest = routing + elementwise + other; gap = fused - SonicMoE (> 0: fused is "
         "behind), split as gemm + non-gemm. Categories: `KERNEL_PATTERNS` in "
-        "benches/profile_report.py. R-GiB: the bytes of routed-row tensors ([T*k, ·]) that "
-        "the step's passes read and write, per forward and backward (analytic, from the "
-        "config: the byte budget per pass below); R-bytes fused/SonicMoE: of the totals.",
+        "benches/profile_report.py.",
         "",
         "| config | T | impl | total ms | " + " | ".join(CATEGORIES) + " |",
         "| --- | ---: | --- | ---: | " + " | ".join(["---:"] * len(CATEGORIES)) + " |",
@@ -272,19 +254,14 @@ def render_md(doc: dict, bytes_detail: bool = False) -> str:
         out.append("")
     for s in skipped:
         out.append(f"- skipped {s['config']} T={s['tokens']} {s['impl']}: {s['why']}")
-    out += bytes_detail_lines(budgets, bytes_detail)
     return "\n".join(out) + "\n"
 
 
 def summary_lines(doc: dict) -> list:
-    """The row summaries, then per (config, tokens) the gap fused - SonicMoE and the
-    routed-row bytes."""
+    """The row summaries, then per (config, tokens) the gap fused - SonicMoE."""
     lines = [summary_line(r) for r in doc.get("rows", [])]
     for config, tokens, fz, sn in pairs(doc.get("rows", [])):
-        for ln in (
-            gap_line(config, tokens, fz, sn),
-            bytes_line(config, tokens, doc_budget(doc, config, tokens, fz, sn)),
-        ):
-            if ln:
-                lines.append(ln)
+        ln = gap_line(config, tokens, fz, sn)
+        if ln:
+            lines.append(ln)
     return lines

@@ -43,11 +43,6 @@ def fmt(v, spec=".2f"):
     return "-" if v is None else format(v, spec)
 
 
-def mark(met) -> str:
-    """How a target reads in a table: met, NOT met, or not measured (None)."""
-    return "not measured" if met is None else ("met" if met else "NOT met")
-
-
 def dist_version(dists, module=None, unknown="unknown (no package metadata)"):
     """The version of the first of ``dists`` with package metadata here; else, when
     ``module`` is given, that module's ``__version__`` or ``unknown`` (a source copy on

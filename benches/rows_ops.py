@@ -53,20 +53,14 @@ def num_experts(k: int) -> int:
 
 
 def op_bytes(op: str, T: int, D: int, k: int, es: int) -> int:
-    """The bytes ``op`` must move for T tokens, D columns, top-k k, element size es
-    (bench_rows.py's docstring states it): rows read once, output rows written once, the
-    int32 index and the float32 weights read once; scatter also its int32 [R] scratch,
-    zeroed and written (2*R*4)."""
+    """The minimum bytes ``op`` must move for T tokens, D columns, top-k k, element size
+    es (bench_rows.py's docstring states it): every op reads T rows and writes R rows or
+    the reverse, each once, and reads the int32 index [R] once; combine also the float32
+    weights [R]. Scratch and re-reads of an implementation do not count."""
     R = T * k
-    if op == "combine":
-        return (R + T) * D * es + R * IDX_BYTES + R * W_BYTES
-    if op == "sum":
-        return (R + T) * D * es + R * IDX_BYTES
-    if op == "gather":
-        return 2 * R * D * es + R * IDX_BYTES
-    if op == "scatter":
-        return 2 * R * D * es + R * IDX_BYTES + 2 * R * IDX_BYTES
-    raise ValueError(f"op: expected one of {', '.join(OPS)}, got {op!r}")
+    if op not in OPS:
+        raise ValueError(f"op: expected one of {', '.join(OPS)}, got {op!r}")
+    return (R + T) * D * es + R * IDX_BYTES + (R * W_BYTES if op == "combine" else 0)
 
 
 def largest_bytes(T: int, D: int, k: int, es: int) -> int:

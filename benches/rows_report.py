@@ -221,8 +221,8 @@ def render_md(doc: dict) -> str:
     out += [""] + table_lines(doc)
     out += [
         "",
-        f"bytes: what the op must move (bench_rows.py, op_bytes); groupmm / copy = copy ms / "
-        f"groupmm ms for those bytes, bold below {FLAG:.2f}; † the bytes fit in L2.",
+        f"bytes: the minimum the op must move (bench_rows.py, op_bytes); groupmm / copy = "
+        f"copy ms / groupmm ms for those bytes, bold below {FLAG:.2f}; † the bytes fit in L2.",
     ]
     bad = [r for r in ordered(rows) if r.get("ok") is False]
     if bad:

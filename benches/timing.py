@@ -3,8 +3,7 @@
     from timing import median_ms, round_robin  # benches/timing.py, same folder
 
 ``median_ms(fn, reps)``: median milliseconds of one callable (CUDA events around each call,
-or ``perf_counter`` on the CPU) — the step timer of bench_transformers, bench_cpu,
-bench_gather.
+or ``perf_counter`` on the CPU) — the step timer of bench_transformers and bench_cpu.
 
 ``round_robin({name: fn, ...})``: several implementations of the same product measured
 against each other in a way that survives the clock drift of these GPUs (an H200's clocks

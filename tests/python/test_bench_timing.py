@@ -214,7 +214,7 @@ def test_shape_table_classes_and_selection():
         else:
             assert cls == ("fine" if s.T / s.E <= 256 else "larger")
             assert s.T == s.tokens * s.topk or s.model.startswith("DeepSeek-V3")
-    # issue 20's real-model sizes (up projections K = d, N = 2·d_ff)
+    # the real-model sizes (up projections K = d, N = 2·d_ff)
     assert specs["qwen3-30b-up"][:3] == (128, 2048, 1536)
     assert specs["qwen3-235b-up"][:3] == (128, 4096, 3072)
     assert specs["olmoe-up"][:3] == (64, 2048, 2048)
@@ -291,7 +291,7 @@ def test_make_row_ratios_roofline_and_errors():
     json.dumps(r)  # the JSON file holds it as is
 
 
-def test_class_summary_against_issue_20_targets():
+def test_class_summary_per_class():
     rows = [
         _row(g=1.0, q=1.3, t=1.5),  # vs quack 1.3
         _row(g=1.0, q=1.1, t=1.2, pname="fwd"),  # vs quack 1.1
@@ -304,16 +304,12 @@ def test_class_summary_against_issue_20_targets():
     assert fine["stats"]["vs_quack"]["geomean"] == pytest.approx(math.sqrt(1.3 * 1.1))
     assert fine["stats"]["vs_quack"]["min"] == pytest.approx(1.1)
     assert fine["stats"]["vs_quack"]["min_row"] == "qwen3-up uniform fwd"
-    met = {(t["what"], t["target"]): t["met"] for t in fine["targets"]}
-    assert met[("vs quack min", 1.0)] is True
-    assert met[("vs quack geomean", 1.15)] is True  # sqrt(1.43) = 1.196
-    assert met[("vs torch min", 1.0)] is True
-    assert met[("of roofline min", 0.8)] is True  # 0.8 / 1.0
-    larger = summ["larger"]["targets"]
-    assert larger == [{"what": "vs torch min", "target": 1.0, "value": 0.95, "met": False}]
-    assert summ["decode"]["targets"][0]["met"] is True
+    assert fine["stats"]["roofline"]["min"] == pytest.approx(0.8)
+    assert summ["larger"]["stats"]["vs_torch"]["min"] == pytest.approx(0.95)
+    assert summ["decode"]["stats"]["vs_torch"]["min"] == pytest.approx(1.3)
+    assert all("targets" not in e for e in summ.values())
     text = gpu_report.summary(rows)
-    assert "fine-grained (2 rows)" in text and "geomean" in text and "NOT met" in text
+    assert "fine-grained (2 rows)" in text and "geomean" in text and "met" not in text
 
 
 def test_old_json_rows_still_summarise():
