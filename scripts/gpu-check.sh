@@ -2,6 +2,8 @@
 # On a GPU machine with torch: install a prebuilt groupmm wheel, run the whole test suite
 # (CUDA tests included), compute-sanitizer (memcheck, racecheck, synccheck, initcheck over
 # every kernel path: scripts/sanitize.sh) and the benchmark; print a summary table last.
+# Every step runs even when an earlier one fails; the exit status is 0 only when every step
+# that ran exited 0 (1 otherwise; 2 when the wheel does not install).
 #   bash scripts/gpu-check.sh [WHEEL_DIR] [--no-bench] [--quick-bench]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +14,7 @@ export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --target /tmp/site "$whl_dir"/*.whl || exit 2
 export PYTHONPATH=/tmp/site
 declare -A res
+failed=()
 STEPS=${STEPS:-info demo pytest sanitize bench}
 step() {  # name, command...  (only the names listed in $STEPS run)
   local name=$1; shift
@@ -20,6 +23,7 @@ step() {  # name, command...  (only the names listed in $STEPS run)
   echo "=== $name: $*"
   "$@" > "$OUT/$name.log" 2>&1
   local rc=$?
+  [ "$rc" -eq 0 ] || failed+=("$name")
   tail -n 25 "$OUT/$name.log"
   res[$name]="rc=$rc $(( $(date +%s) - t0 ))s $(grep -E -o '[0-9]+ passed[^=]*|demo: [a-z ]+' "$OUT/$name.log" | tail -n 1)"
 }
@@ -39,3 +43,8 @@ for k in info demo pytest sanitize bench; do
   [ -n "${res[$k]:-}" ] && printf '%-10s %s\n' "$k" "${res[$k]}"
 done
 [ -f "$OUT/sanitize.log" ] && grep -E "^(memcheck|racecheck|synccheck|initcheck|unwritten):" "$OUT/sanitize.log"
+if [ "${#failed[@]}" -gt 0 ]; then
+  echo "FAILED: ${failed[*]}"
+  exit 1
+fi
+exit 0

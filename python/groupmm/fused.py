@@ -1,14 +1,14 @@
-"""The routed SwiGLU expert block as custom ops (issues 13 and 22), so that the glue
-around the grouped GEMMs has one place to be fused into them:
+"""The routed SwiGLU expert block as custom ops, so that the glue around the grouped
+GEMMs has one place to be fused into them:
 
 - :func:`expert_block`: the whole block, ``out[t] = sum_j weights[t, j] * y[inverse[t,
   j]]`` with ``y = act @ w_out[g]`` and ``act = silu(x[src] @ w_gate[g]) * (x[src] @
   w_up[g])`` per expert group ``g`` (gather, up projection, SwiGLU, down projection,
   router weights, top-k combine): what :class:`groupmm.moe.MoELayer` and the transformers
-  integration run;
+  and torchtitan integrations run;
 - :func:`expert_up`: its up half, ``act`` (gather, up projection, SwiGLU);
 - :func:`expert_down`: its down half, ``out`` from ``act`` (down projection, router
-  weights, combine).
+  weights, combine);
 - :func:`row_scaled_mm`: a grouped product scaled per row (e.g. router weights in the down
   projection), in the GEMM's epilogue on Hopper (``groupmm._row_scale``).
 
@@ -22,56 +22,42 @@ plain tensors run the two ops' ``autograd.Function`` twins (``_SwigluUpFn``,
 dispatch on the host); ``src`` and ``inverse`` are made int32 once per call, the form
 every kernel reads.
 
-What runs, in :func:`expert_block` (two ops, split where SonicMoE splits the layer, so
-that autograd frees ``pre`` as soon as the down projection's backward is done):
+What runs, in :func:`expert_block` (two ops, split so that autograd frees ``pre`` as soon
+as the down projection's backward is done):
 
-- op ``swiglu_up``, forward: the up projection with SwiGLU as ONE native call,
-  ``_native.swiglu_mm`` (``pre = x[src] @ w_in[g]`` and ``act = silu(gate) * up`` from
-  the fp32 accumulators, rows of ``x`` read through ``src``: on Hopper one kernel with a
-  SwiGLU epilogue, no ``[R, D]`` copy of ``x``). ``act`` is marked non-differentiable: it
-  is a cache of ``silu(gate) * up`` that the same kernel wrote, and ``gated_down``'s
-  backward returns the whole gradient of ``pre`` (the path through ``act`` included).
+- op ``swiglu_up``, forward: ``pre = x[src] @ w_in[g]`` and ``act = silu(gate) * up`` as
+  ONE native call, ``_native.swiglu_mm`` (on Hopper one kernel with a SwiGLU epilogue,
+  rows of ``x`` read through ``src``: no ``[R, D]`` copy of ``x``). ``act`` is marked
+  non-differentiable (``gated_down``'s backward returns the whole gradient of ``pre``).
   Saves ``x``, ``w_in`` and the indices, not ``pre``.
 - op ``gated_down``, forward: the down projection (``grouped_mm(act, w_out)``) and the
   weighted combine (the row op ``gather_sum``). Saves ``pre``, ``w_out``, the indices and
   the router weights, not ``act``.
-- backward of ``gated_down`` (autograd runs it first): ``dy = d_out[src]`` (each routed
-  row's copy of its token's gradient, a row gather: ``take_rows``) and the router weights
-  scattered to a per-row fp32 ``scale``, then ``_native.dgated_mm(dy, w_out, offs, pre,
-  scale)`` ("dgated": ``p = dy @ w_out[g]ᵀ`` and in its epilogue the scale, dSwiGLU
-  against ``pre`` and the router-weight gradient as a per-row reduction; ``p`` is never
-  stored), giving ``d_pre``, ``act_s = scale·act`` and the rows' router-weight gradients;
-  then ``dw_out = act_sᵀ·dy``. Where the products read routed rows inside their GEMMs
-  (``_fused_ops.reads_in_gemm``: Hopper, 16-bit, the default; ``GROUPMM_SM90_GATHER=0``
-  turns it off) there is no ``dy``: ``dgated_mm`` and ``gather_k_mm`` both read ``d_out``
-  through ``src``. ``d_pre`` is written over ``pre`` (op
-  ``groupmm::dgated_over_pre``; in the kernel each tile reads its part of ``pre`` before
-  writing it) where nothing reads ``pre`` again: :func:`expert_block`'s own ``pre``, no
-  compiler tracing, a graph freed by this backward (``retain_graph=False``); else into a
-  fresh tensor (op ``groupmm::dgated``). When it returns, ``dy``, ``act_s`` and (where
-  ``d_pre`` has memory of its own) ``pre`` are freed.
-- backward of ``swiglu_up``: ``dx = sum_copies(d_pre·w_inᵀ)`` (the ``[R, D]`` product
-  freed at once), then ``dw_in = x[src]ᵀ·d_pre`` as op ``groupmm::gather_k_mm``: ``x``'s
-  rows read through ``src`` in the GEMM (``reads_in_gemm``), else gathered one column
-  slab at a time (two of about ``D / 2`` where ``D >= 128``, each slab's product written
-  into its columns of ``dw_in``, ``d_pre`` read once per slab: the gathered copy is never
-  whole). Weight gradients come in their weight's own memory layout.
+- backward of ``gated_down`` (autograd runs it first): ``_native.dgated_mm`` ("dgated":
+  ``p = d_out[src] @ w_out[g]ᵀ`` with, in its epilogue, the per-row router-weight scale,
+  dSwiGLU against ``pre`` and the router-weight gradient as a per-row reduction; ``p`` is
+  never stored), giving ``d_pre`` and ``act_s = scale·act``; then ``dw_out = act_sᵀ·dy``.
+  Where the products read routed rows inside their GEMMs (``_fused_ops.reads_in_gemm``:
+  Hopper, 16-bit, the default; ``GROUPMM_SM90_GATHER=0`` turns it off) ``d_out`` is read
+  through ``src``; else its rows are gathered once (``dy = d_out[src]``). ``d_pre`` is
+  written over ``pre`` (op ``groupmm::dgated_over_pre``) where nothing reads ``pre``
+  again (:func:`expert_block`'s own ``pre``, no compiler tracing, ``retain_graph=False``);
+  else into a fresh tensor (op ``groupmm::dgated``).
+- backward of ``swiglu_up``: ``dx = sum_copies(d_pre·w_inᵀ)``, then ``dw_in =
+  x[src]ᵀ·d_pre`` as op ``groupmm::gather_k_mm`` (``x``'s rows read through ``src`` in the
+  GEMM, else gathered one column slab at a time: the gathered copy is never whole).
+  Weight gradients come in their weight's own memory layout.
 
-Nothing of size ``[R, D]`` or ``[R, F]`` (``R = T*k``) is kept for the backward. At OLMoE
-sizes (D = 2048, F = 1024, T = 16384, k = 8, bf16: ``pre``/``d_pre``/``dy``/``x[src]``
-512 MiB each, ``act_s`` 256, ``dw_in`` 512, ``dw_out`` 256, ``dx`` 64) the backward holds
-at most ``pre`` (then ``d_pre`` in its place) ``+ dy + act_s + dw_out`` ≈ 1.5 GiB in
-dgated (2.0 GiB where ``d_pre`` takes memory of its own), then ``d_pre + dw_out + dx``
-with one ``[R, D]`` product, or with one slab of ``x[src]`` (256 MiB) and ``dw_in``
-(≈ 1.6 GiB).
+Nothing of size ``[R, D]`` or ``[R, F]`` (``R = T*k``) is kept for the backward; the
+backward holds at most ``pre`` (or ``d_pre`` in its place), ``dy``, ``act_s`` and
+``dw_out`` at once, then ``d_pre``, ``dw_out``, ``dx`` and one ``[R, D]`` product or slab
+(measured peaks: ``docs/performance.md``).
 
 Where no fused kernel runs (the CPU, other GPUs, fp32/fp64, unaligned sizes;
 ``swiglu_mm``/``dgated_mm`` answer None, ``gather_k_mm`` gathers first) the same results
-are composed from groupmm's plain parts (``_fused_ops._swiglu_mm``, ``_dgated_run``: the
-gathered product and the row op ``swiglu``; ``d_out``'s rows gathered, a grouped product,
-SwiGLU and its gradient as row ops). While autograd records a graph through the inputs
-(double backward) every formula is composed from differentiable ops
-(``_rows.differentiable``).
+are composed from groupmm's plain parts (gathered products and the row ops ``swiglu`` and
+its gradient). While autograd records a graph through the inputs (double backward) every
+formula is composed from differentiable ops (``_rows.differentiable``).
 
 :func:`expert_up` runs the same up projection (its op keeps ``pre`` and returns
 ``act``); :func:`expert_down` runs the down projection and combine with ``y`` kept for

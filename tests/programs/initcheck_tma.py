@@ -1,5 +1,5 @@
-"""Does compute-sanitizer's initcheck see bytes written by TMA stores? (issue 14; the answer,
-measured on an H200 with compute-sanitizer 2025.3.1: no.) Each step prints a marker and the
+"""Does compute-sanitizer's initcheck see bytes written by TMA stores? (Measured on an H200
+with compute-sanitizer 2025.3.1: no.) Each step prints a marker and the
 tool's reports land between the markers. Run and count per step:
 
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool initcheck --show-backtrace no \

@@ -1,7 +1,7 @@
-"""Issue 14's racecheck scenario: a short random fuzz over every form and dtype, then 200
-small forward+backward calls (x [1000, 64], w [16, 64, 64], bf16). The issue saw the
-process exit abnormally under racecheck during the loop; session 4 ran it to the end
-(0 hazards, exit 0, cuda/NOTES.md).
+"""A racecheck scenario: a short random fuzz over every form and dtype, then 200
+small forward+backward calls (x [1000, 64], w [16, 64, 64], bf16). The process once
+exited abnormally under racecheck during the loop; it now runs to the end (0 hazards,
+exit 0, cuda/NOTES.md).
 
     compute-sanitizer --tool racecheck python3 tests/programs/race_scenario.py
 """

@@ -1,5 +1,5 @@
 """Small CUDA cases for compute-sanitizer (memcheck, racecheck, synccheck, initcheck; run by
-scripts/sanitize.sh): every form and dtype, forward and backward, the list form (issue 14's
+scripts/sanitize.sh): every form and dtype, forward and backward, the list form (the
 smallest calls among them), K = 0, 16-bit groups at the varlen tile's boundaries, and bad
 offs (decreasing, negative, past the end) that must never read or write out of bounds;
 the MoE glue's row kernels (every op and dtype, vectorised and scalar widths, padding rows,
@@ -49,7 +49,7 @@ def main() -> int:
         groupmm.grouped_mm(As, Bs)
         n += 1
     bf = torch.bfloat16
-    # issue 14's smallest calls: a one-group and a three-group list, a small packed product
+    # the smallest calls: a one-group and a three-group list, a small packed product
     groupmm.grouped_mm(
         [torch.randn(8, 64, device=dev, dtype=bf)], [torch.randn(64, 64, device=dev, dtype=bf)]
     )

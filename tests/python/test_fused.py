@@ -11,7 +11,7 @@ import weakref
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import DEVICES, F64, HAS_CUDA, assert_close_rel
+from conftest import DEVICES, F64, HAS_CUDA, TOL, assert_close_rel, rel_err
 from groupmm._glue import routes
 from groupmm.fused import expert_block, expert_down, expert_up
 from groupmm.moe import MoELayer
@@ -85,9 +85,15 @@ def test_expert_gradients_equal_reference():
 
 @pytest.mark.parametrize("fused_dtype", [F64, torch.bfloat16])
 def test_moe_layer_fused_equals_unfused(fused_dtype):
+    """The fused layer (the default: ``expert_block``) against the unfused one
+    (``fused=False``: permute, ``GroupedExperts``, unpermute) with the same weights: the
+    output, the aux loss and every gradient equal in float64; in bf16, where the two paths
+    round ``pre`` and ``act`` at different points, within twice the suite's bf16 tolerance
+    of each other (each is within it of the exact result; relative Frobenius error)."""
     torch.manual_seed(4)
-    a = MoELayer(6, 4, 5, 2, aux_loss_coef=0.01, dtype=fused_dtype)
-    b = MoELayer(6, 4, 5, 2, aux_loss_coef=0.01, fused=True, dtype=fused_dtype)
+    a = MoELayer(6, 4, 5, 2, aux_loss_coef=0.01, fused=False, dtype=fused_dtype)
+    b = MoELayer(6, 4, 5, 2, aux_loss_coef=0.01, dtype=fused_dtype)
+    assert not a.fused and b.fused
     b.load_state_dict(a.state_dict())
     x = torch.randn(3, 4, 6, dtype=fused_dtype)
     xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
@@ -96,11 +102,17 @@ def test_moe_layer_fused_equals_unfused(fused_dtype):
     go = torch.randn_like(ya)
     (ya * go).sum().add(auxa).backward()
     (yb * go).sum().add(auxb).backward()
-    tol = {} if fused_dtype == F64 else dict(rtol=2e-2, atol=2e-2)
-    torch.testing.assert_close(yb, ya, **tol)
-    torch.testing.assert_close(xb.grad, xa.grad, **tol)
-    for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
-        torch.testing.assert_close(pb.grad, pa.grad, **tol, msg=name)
+    # the router is the same code on the same input: the same experts and the same loss
+    torch.testing.assert_close(auxb, auxa, rtol=0, atol=0)
+    pairs = [("out", yb, ya), ("x.grad", xb.grad, xa.grad)]
+    pairs += [(n, pb.grad, pa.grad) for (n, pa), pb in zip(a.named_parameters(), b.parameters())]
+    for name, got, want in pairs:
+        assert got is not None and want is not None, name
+        if fused_dtype == F64:
+            torch.testing.assert_close(got, want, msg=name)
+        else:
+            err = rel_err(got, want)
+            assert err <= 2 * TOL[fused_dtype], f"{name}: relative error {err:.2e}"
 
 
 def test_moe_layer_fused_is_deterministic():

@@ -623,3 +623,48 @@ def test_moe_layer_cuda_no_host_sync() -> None:
     torch.testing.assert_close(
         y.cpu().double(), ref(x.detach().cpu().double()), atol=1e-4, rtol=1e-4
     )
+
+
+def _fwd_bwd(layer: MoELayer, x: torch.Tensor, go: torch.Tensor):
+    """Output, aux loss, input gradient and every parameter's gradient of one training
+    step of ``layer`` on ``x`` (output gradient ``go``)."""
+    layer.zero_grad(set_to_none=True)
+    x = x.detach().clone().requires_grad_()
+    y, aux = layer(x, return_aux_loss=True)
+    ((y * go).sum() + aux).backward()
+    grads = {n: p.grad for n, p in layer.named_parameters()}
+    return y.detach(), aux.detach(), x.grad, grads
+
+
+@pytest.mark.cuda
+@requires_cuda
+def test_moe_layer_fused_default_cuda_bf16_no_host_sync() -> None:
+    """The default layer (fused: ``expert_block``) in bf16 on CUDA: forward and backward,
+    the aux loss and every parameter's gradient included, never synchronise with the host
+    (after one warm-up step: module loading, workspace pools), and agree with the unfused
+    layer (``fused=False``) with the same weights within bf16 rounding."""
+    from conftest import TOL, rel_err
+
+    torch.manual_seed(13)
+    layer = MoELayer(128, 128, 8, 2, device="cuda", dtype=torch.bfloat16)
+    assert layer.fused
+    unfused = MoELayer(128, 128, 8, 2, fused=False, device="cuda", dtype=torch.bfloat16)
+    unfused.load_state_dict(layer.state_dict())
+    x = torch.randn(300, 128, device="cuda", dtype=torch.bfloat16)
+    go = torch.randn_like(x)
+    _fwd_bwd(layer, x, go)  # warm-up
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        y, aux, dx, grads = _fwd_bwd(layer, x, go)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    y_u, aux_u, dx_u, grads_u = _fwd_bwd(unfused, x, go)
+    # the same router on the same input: the same experts and the same aux loss
+    assert torch.equal(aux, aux_u)
+    pairs = [("out", y, y_u), ("x.grad", dx, dx_u)]
+    pairs += [(n, g, grads_u[n]) for n, g in grads.items()]
+    for name, got, want in pairs:
+        assert got is not None and want is not None, name
+        err = rel_err(got, want)
+        assert err <= 2 * TOL[torch.bfloat16], f"{name}: relative error {err:.2e}"

@@ -1,4 +1,4 @@
-"""groupmm.fused.row_scaled_mm (the RowScale epilogue, issue 29's proof of the one-file
+"""groupmm.fused.row_scaled_mm (the RowScale epilogue, the proof of the one-file
 epilogue): values against a float64 loop over the groups, every gradient (gradcheck,
 gradgradcheck), the op (opcheck, torch.compile), errors; on CUDA the kernel itself (the
 native call answers, bitwise repeatable) against the same reference."""

@@ -16,9 +16,9 @@ grouped experts, weighted combine) becomes groupmm's fused block on the router's
 weights: :func:`groupmm.fused.expert_block` at EP = 1 (routes by one sort, rows gathered
 in the GEMM, SwiGLU fused, the weighted top-k sum in one row op; no host sync, runs under
 ``torch.compile(fullgraph=True)``), :func:`groupmm.parallel.expert_parallel_block` over
-the EP group of the experts' DTensor weights at EP > 1. Measured outside torchtitan,
-groupmm's layer is ~2.2-2.4x torchtitan's EP layer on Qwen3-30B-A3B/OLMoE sizes
-(``benches/bench_ep.py``); inside a torchtitan model: ``benches/bench_torchtitan.py``.
+the EP group of the experts' DTensor weights at EP > 1. Measurements against torchtitan's
+own layer (``benches/bench_ep.py``, ``benches/bench_torchtitan.py``): ``docs/performance.md``
+and ``docs/expert_parallel.md``.
 
 *Expert parallelism.* Under torchtitan's ``MoE.parallelize`` with EP the experts'
 ``w1_EFD``/``w2_EDF``/``w3_EFD`` are DTensors sharded along dim 0 over the EP mesh dim;
@@ -31,9 +31,9 @@ call for the split sizes). The dispatcher-fed alternative (torchtitan's dispatch
 torchtitan's per-copy exchange, permutes and scatter-add. Under torchtitan's
 ``apply_compile`` (``fullgraph=True`` per block, ``capture_scalar_outputs``) the EP layer
 compiles whole too: the split sizes become data-dependent sizes of the graph (without
-``capture_scalar_outputs``, a graph break where they are read). Checked on gloo with
-torch 2.13; with torch 2.11 on NCCL the trace of the exchange's backward fails on a
-data-dependent guard (``_functional_collectives.all_to_all_inplace``'s copy).
+``capture_scalar_outputs``, a graph break where they are read). Known limit: with torch
+2.11 on NCCL the trace of the exchange's backward fails on a data-dependent guard
+(``_functional_collectives.all_to_all_inplace``'s copy); torch 2.13 on gloo traces it.
 
 **The experts modules only** (``fused`` of :func:`enable` / :func:`groupmm_experts_class`;
 torchtitan's own dispatcher and combine stay):
@@ -58,11 +58,8 @@ torchtitan's own dispatcher and combine stay):
   tensor subclass (e.g. float8 wrappers) and spmd_types type checking take the parent's
   forward on the seam.
 
-Measured inside torchtitan 0.3.0's own EP layer (``benches/bench_ep.py``, impls
-``tt_seam`` and ``tt_groupmm``, H100, bf16, 16k tokens per GPU, the fused block then
-still copying ``[w1 | w3]`` every step), the seam was 1.00–1.06x torchtitan's
-``torch._grouped_mm`` and the fused block 0.91–1.03x: inside torchtitan's dispatcher the
-experts alone gain little, hence :func:`enable_moe`.
+Inside torchtitan's own dispatcher the experts alone gain little (``benches/bench_ep.py``,
+impls ``tt_seam`` and ``tt_groupmm``; ``docs/expert_parallel.md``), hence :func:`enable_moe`.
 
 Turning the experts path on: :func:`enable` on a built model, before or after
 torchtitan's ``Module.parallelize`` (whose wrapper of the experts' forward it drops:

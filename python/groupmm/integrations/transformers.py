@@ -71,41 +71,22 @@ no ``index_put`` and no weight-gradient layout copy. Everything is differentiabl
 through them) and works in float64, where ``torch.autograd.gradcheck`` passes through a
 whole experts block.
 
-Measured on an H200 (torch 2.11, transformers 5.17, bf16, random weights,
-``benches/bench_transformers.py``): forward+backward of the MoE block of a
-Qwen3-30B-A3B-sized layer at T = 4096 tokens takes 3.56 ms against 5.33 ms for
-``"grouped_mm"`` (1.50x); 1.50-1.71x over both configs of the benchmark (with OLMoE),
-T = 4096 and 16384, forward and forward+backward; 1.16-1.30x for the whole decoder
-layer. The grouped GEMMs
-themselves run at the speed of torch's. Of the glue choices, step 3 matters most: with
-the weight gradient returned contiguous ``[E, in, out]`` (what ``grouped_mm``'s backward
-did before it followed the operand's layout) the same block took 7.4 ms. Against the plain
-alternative, the dispatch backward of step 2 saves 0.1-0.8 ms per block. These figures
-predate the shared combine of step 6 (this module had a gather + batched-product combine
-of its own, 0.3-1.4 ms faster than multiply + gather + sum); the one-pass row kernels
-that replaced it are what made ``MoELayer`` faster (``benches/NOTES-gpu.md``, run 9).
-
 :func:`_routed_experts` runs steps 2-6, except for plain SwiGLU experts (a gate, no
 biases, gate and up concatenated, SiLU, transformers' default gate, no post norm:
 Mixtral, Qwen2/3-MoE, OLMoE, DeepSeek-V3 and most others; not gpt-oss, whose gate is
 clamped and interleaved and which has biases): those run steps 2-6 as one op,
 :func:`groupmm.fused.expert_block` (the rows of ``x`` read through the routing index by
 the up projection, SwiGLU in its epilogue on Hopper, the "dgated" backward; no ``[S, H]``
-copy of the input, and only the ``[S, 2I]`` pre-activation kept for the backward). The
-figures above predate it.
+copy of the input, and only the ``[S, 2I]`` pre-activation kept for the backward).
 
-Host cost. At 4096 tokens a training step of a Qwen3-30B-A3B-sized model is host-bound
-on an H200 (the host issues the step's ops more slowly than the GPU runs them), so each
-call spends no host time it need not: the module's layout is read on every call but what
-is derived from it (the fused decision, the gate, the shape checks) is kept on the
-module, keyed on everything it came from (``_transformers_compat._layout``); the routing
-launches about a dozen small ops (``_glue.routes``) and makes the int32 indices itself;
-no ``.to()`` is called that would return its input; and the fused path calls the block's
-ops (``groupmm.fused._block``) with :func:`~groupmm.fused.expert_block`'s checks done
-where their answers are known (the routing's indices by construction, the weights'
-shapes once per layout, their dtype by the casts), errors named after the module's
-parameters. ``benches/bench_transformers.py --profile-host`` measures a step's host time
-against its GPU time.
+Host cost: the module's layout is read on every call, but what is derived from it (the
+fused decision, the gate, the shape checks) is kept on the module, keyed on everything it
+came from (``_transformers_compat._layout``); the fused path calls the block's ops
+(``groupmm.fused._block``) with :func:`~groupmm.fused.expert_block`'s checks done where
+their answers are known, errors named after the module's parameters.
+
+Measured speed against transformers' own ``"grouped_mm"`` path, and host time against GPU
+time (``benches/bench_transformers.py``, ``--profile-host``): ``docs/performance.md``.
 """
 
 from __future__ import annotations
