@@ -57,8 +57,8 @@ Engines engines(DType in, DType out, bool allow_tf32, const DevInfo& dev) {
 }
 
 // ---------------------------------------------------------------------------------------
-// The ptr-array tile (CUTLASS 3.x kernels). Measured on an H200 (benches/NOTES-gpu.md,
-// every config forced on every shape):
+// The ptr-array tile (CUTLASS 3.x kernels). Measured on an H200 (benches/bench_gpu.py with
+// every config forced, GROUPMM_SM90_CONFIG, on every shape):
 // - 128x256 with a 2x1x1 cluster wins wherever a group has >= 2 M tiles of 128 rows, and
 //   for every GroupedK call (the output per group is K x N, large).
 // - The group tile scheduler rounds each group's M tiles up to the cluster's M (2), so a
@@ -104,14 +104,15 @@ Kernels resolve(const Engines& en, DType in, DType out, Sm90Tile tile) {
 // ---------------------------------------------------------------------------------------
 // The varlen kernels (groupmm's own, kernels/varlen/).
 //
-// Varlen or ptr-array: the varlen kernels whenever they can read the call. Run 7 (H200 and
-// H100) had them 1.03-1.9x the ptr-array kernels on fine-grained experts but 0.95-1.00x on
-// 4096 rows per expert, so calls above 1024 rows per group went to the ptr-array kernels.
-// With the ping-pong configurations (run 11, H200, bench_gpu with each forced, 24 rows of
+// Varlen or ptr-array: the varlen kernels whenever they can read the call. With the earlier
+// cooperative configurations (a development ctypes benchmark, H200 and H100) they were
+// 1.03-1.9x the ptr-array kernels on fine-grained experts but 0.95-1.00x on 4096 rows per
+// expert, so calls above 1024 rows per group went to the ptr-array kernels.
+// With the ping-pong configurations (H200, bench_gpu with each forced, 24 rows of
 // Mixtral (4096 rows per expert) and DeepSeek-V3 (2048) shapes, uniform and Zipf-1.2,
 // fwd/dX/dW): varlen geomean 1.05x F.grouped_mm, min 0.98; ptr-array geomean 1.00x, min 0.99.
 // No crossover up to 4096 rows per group: the threshold is gone.
-// The configuration (run 11, H200, benches/varlen_dev: 8 MoE shapes x uniform/Zipf-1.2 x
+// The configuration (H200, benches/dev/varlen: 8 MoE shapes x uniform/Zipf-1.2 x
 // fwd/dX/dW, every configuration timed interleaved in one process):
 // - Ping-pong 128x192 is the best or within 2% of it on 40 of 48 rows: +1-8% over the
 //   cooperative 128x128 (varlen-M) / 128x192 (varlen-K) kernels that ran before.
@@ -156,8 +157,8 @@ bool use_varlen() {
 // dY[src]): cooperative 128 x 256 (GROUPMM_SM90_GATHER_K=co192: cooperative 128 x 192;
 // GROUPMM_SM90_GATHER_K=pp128 or GROUPMM_SM90_VARLEN_CONFIG=pp128: ping-pong 128 x 128;
 // ping-pong 128 x 192 would not fit its accumulators beside the gathering producer's
-// registers). Measured (H100, bf16, T = 16384, uniform top-k, processes alternated, two
-// rounds; benches/results/h100_bf16_issue28_gather_k_dw{in,out}.jsonl), co256 over co192,
+// registers). Measured (H100, bf16, T = 16384, uniform top-k, a timing script running the
+// kernel directly, one process per configuration, alternated, two rounds), co256 over co192,
 // outputs bitwise equal: x[src]^T dH 1.03-1.30x (Qwen3-30B 1.12-1.17x, OLMoE 1.10-1.18x,
 // d 4096 / F 512 1.17-1.30x, the smallest gain d 768 / F 1024 top-2); act^T dY[src]
 // 1.05-1.12x (a third more MMA work per k-block for the same gathered bytes on A; on B
@@ -181,8 +182,8 @@ varlen::Config gather_k_config(varlen::Gather g) {
 // The SwiGLU epilogue's configuration: cooperative 128 x 256 (half the A bytes per FLOP of
 // ping-pong 128 x 128, which a gathered A pays for in cp.async requests), or the ping-pong
 // 128 x 128 one where GROUPMM_SM90_SWIGLU=pp128. Measured (H100, bf16, T = 16384, uniform
-// top-k, processes alternated, two rounds; benches/results/h100_bf16_issue28_swiglu_coop.md)
-// on rows gathered through src, co256 over pp128: Qwen3-30B 1.34-1.44x, OLMoE 1.26-1.35x,
+// top-k, one process per configuration via the environment variable, alternated, two
+// rounds) on rows gathered through src, co256 over pp128: Qwen3-30B 1.34-1.44x, OLMoE 1.26-1.35x,
 // a 256-wide expert 1.26x, a 512-wide top-16 one 1.36x, Qwen3-235B 1.34x; on packed rows
 // 0.96-1.12x (Qwen3-30B 1.03x, Qwen3-235B 1.12x, the 256-wide 0.96-1.04x).
 constexpr EnvName<varlen::Config> kSwigluNames[] = {
@@ -194,8 +195,8 @@ constexpr EnvName<varlen::Config> kSwigluNames[] = {
 // at D >= 2048; the epilogue runs after the mainloop, pre's first chunk loads during it), or
 // ping-pong 128 x 128 (its epilogue under the other warpgroup's mainloop) where
 // GROUPMM_SM90_DGATED=pp128. Packed rows: ping-pong 128 x 128. Measured (H100, bf16, uniform
-// top-k, processes alternated, two rounds; benches/results/h100_bf16_issue28_dgated_co256.md),
-// co256 over pp128 at T = 16384: Qwen3-30B 1.06x, OLMoE 1.08-1.10x, Qwen3-235B 1.24-1.27x,
+// top-k, one process per configuration via the environment variable, alternated, two
+// rounds), co256 over pp128 at T = 16384: Qwen3-30B 1.06x, OLMoE 1.08-1.10x, Qwen3-235B 1.24-1.27x,
 // gpt-oss-20b 1.01-1.16x, d 1536 / F 512 top-16 1.02-1.03x, d 1536 / F 256 1.00-1.01x,
 // Mixtral-size experts under EP = 2 (D 4096, F 14336, 32768 rows) 1.19-1.23x; Qwen3-30B at
 // T = 4096 0.96-0.98x (kept simple: one default); bitwise equal.
@@ -223,14 +224,14 @@ varlen::Config fused_config(varlen::Gather g, Epilogue epi) {
 
 // In-GEMM gathering (the cp.async producers, kernels/varlen/producer.cuh) is on unless
 // GROUPMM_SM90_GATHER=0, which makes the caller gather the rows first and run the TMA
-// kernels (both exact and bitwise equal). Measured after the producers' issue-2026-11
-// rewrite (H100, bf16, uniform top-k routing, T = 16384, .devcarry-style pf.py: in-GEMM vs
-// torch's index_select plus the TMA kernel on the copy, interleaved, two rounds), the
+// kernels (both exact and bitwise equal). Measured after the producers' rewrite (H100, bf16,
+// uniform top-k routing, T = 16384, a timing script: in-GEMM vs torch's index_select plus
+// the TMA kernel on the copy, interleaved, two rounds), the
 // in-GEMM product over the gather-first pair: up projection 1.18-1.63x, SwiGLU up projection
 // 0.87-1.23x (OLMoE sizes 0.87-0.98x, the rest >= 0.95x), DGated 1.20-1.78x, dW_in
 // (x[src]^T dH) 0.96-1.46x, dW_out (act^T dY[src]) 1.07-2.05x, over Qwen3-30B, OLMoE,
-// a 256-wide and a 512-wide top-16 configuration (benches/results/
-// h100_bf16_issue28_gather_in_gemm.md). Before the rewrite (every copy re-read the kernel's
+// a 256-wide and a 512-wide top-16 configuration (cuda/NOTES.md has the design). Before
+// the rewrite (every copy re-read the kernel's
 // parameters and waited for its own address, the producer's instruction latency bound the
 // kernel) the weight gradients ran at 0.45-0.65x of the TMA kernel and gathering first won.
 bool gather_in_gemm() {

@@ -184,7 +184,7 @@ pub trait Runtime {
     /// under graph capture (`capturing`) fresh memory of the graph, never a kept block.
     /// Zero-filled when allocated (stream-ordered): the CUTLASS ptr-array kernels' tensor
     /// maps live there, and the first copy into each is seen as a read of never-written
-    /// memory by compute-sanitizer's initcheck (issue 14; cuda/NOTES.md).
+    /// memory by compute-sanitizer's initcheck (cuda/NOTES.md, "compute-sanitizer initcheck").
     fn workspace(
         &mut self,
         _device: i32,
