@@ -13,7 +13,8 @@ GEMMs has one place to be fused into them:
   projection), in the GEMM's epilogue on Hopper (``groupmm._row_scale``).
 
 Each op (``torch.ops.groupmm.swiglu_up`` and ``gated_down``, which make
-:func:`expert_block`, in ``groupmm._fused_ops``; ``expert_up`` and ``expert_down``, here)
+:func:`expert_block`, in ``groupmm._fused_ops``, their backward's arithmetic in
+``groupmm._fused_backward``; ``expert_up`` and ``expert_down``, in ``groupmm._fused_halves``)
 is a ``torch.library`` custom op with a fake kernel and an autograd formula, so
 ``torch.compile(fullgraph=True)``, ``opcheck`` and double backward (through
 differentiable fallbacks) work, on CPU and CUDA. Eager :func:`expert_block` calls on
@@ -37,7 +38,7 @@ as the down projection's backward is done):
   ``p = d_out[src] @ w_out[g]ᵀ`` with, in its epilogue, the per-row router-weight scale,
   dSwiGLU against ``pre`` and the router-weight gradient as a per-row reduction; ``p`` is
   never stored), giving ``d_pre`` and ``act_s = scale·act``; then ``dw_out = act_sᵀ·dy``.
-  Where the products read routed rows inside their GEMMs (``_fused_ops.reads_in_gemm``:
+  Where the products read routed rows inside their GEMMs (``_fused_backward.reads_in_gemm``:
   Hopper, 16-bit, the default; ``GROUPMM_SM90_GATHER=0`` turns it off) ``d_out`` is read
   through ``src``; else its rows are gathered once (``dy = d_out[src]``). ``d_pre`` is
   written over ``pre`` (op ``groupmm::dgated_over_pre``) where nothing reads ``pre``
@@ -76,17 +77,10 @@ import torch
 from torch import Tensor
 
 from . import _checks as check
-from ._api import grouped_mm
-from ._fused_ops import (
-    _gated_down,
-    _GatedDownFn,
-    _slabs,  # noqa: F401  (benches/profile_moe.py reads fused._slabs)
-    _swiglu_mm,
-    _swiglu_up,
-    _SwigluUpFn,
-    _up_grads,
-)
-from ._glue import combine, combine_backward, swiglu_grad
+from ._fused_backward import _slabs as _slabs  # re-exported (benches/profile_moe.py)
+from ._fused_halves import _expert_down, _expert_up
+from ._fused_ops import _gated_down, _GatedDownFn, _swiglu_up, _SwigluUpFn
+from ._glue import swiglu_grad
 from ._library import direct
 from ._row_scale import row_scaled_mm
 
@@ -265,41 +259,6 @@ def _block(
 # --------------------------------------------------------------------------- expert_up
 
 
-@torch.library.custom_op("groupmm::expert_up", mutates_args=())
-def _expert_up(
-    x: Tensor, w: Tensor, offs: Tensor, src: Tensor, inverse: Tensor
-) -> Tuple[Tensor, Tensor]:
-    pre, act = _swiglu_mm(x, w, offs, src)
-    return act, pre
-
-
-@_expert_up.register_fake
-def _expert_up_fake(x, w, offs, src, inverse):
-    rows, width = src.shape[0], w.shape[-1]
-    return x.new_empty(rows, width // 2), x.new_empty(rows, width)
-
-
-def _expert_up_setup(ctx, inputs, output):
-    x, w, offs, src, inverse = inputs
-    ctx.save_for_backward(x, w, offs, src, inverse, output[1])  # not x[src], not act
-    ctx.set_materialize_grads(False)
-
-
-def _expert_up_grad(ctx, d_act, d_pre):
-    x, w, offs, src, inverse, pre = ctx.saved_tensors
-    dpre = None if d_act is None else swiglu_grad(d_act, pre)
-    if d_pre is not None:  # only when pre is used (double backward)
-        dpre = d_pre if dpre is None else dpre + d_pre
-    if dpre is None:
-        return None, None, None, None, None
-    need_x, need_w = ctx.needs_input_grad[:2]
-    dx, dw, _ = _up_grads(dpre, x, w, offs, src, inverse, need_x, need_w)
-    return dx, dw, None, None, None
-
-
-_expert_up.register_autograd(_expert_up_grad, setup_context=_expert_up_setup)
-
-
 def expert_up(x: Tensor, w: Tensor, offs: Tensor, src: Tensor, inverse: Tensor) -> Tensor:
     """The up half of a routed SwiGLU expert block: ``act[r] = silu(a[r] @ w_gate[g]) *
     (a[r] @ w_up[g])`` with ``a[r] = x[src[r]]``, for the rows ``r`` of each group ``g``.
@@ -332,48 +291,6 @@ def expert_up(x: Tensor, w: Tensor, offs: Tensor, src: Tensor, inverse: Tensor) 
 
 
 # --------------------------------------------------------------------------- expert_down
-
-
-@torch.library.custom_op("groupmm::expert_down", mutates_args=())
-def _expert_down(
-    h: Tensor, w: Tensor, offs: Tensor, inverse: Tensor, weights: Optional[Tensor]
-) -> Tuple[Tensor, Tensor]:
-    y = grouped_mm(h, w, offs=offs)
-    return combine(y, inverse, weights), y
-
-
-@_expert_down.register_fake
-def _expert_down_fake(h, w, offs, inverse, weights):
-    return h.new_empty(inverse.shape[0], w.shape[-1]), h.new_empty(h.shape[0], w.shape[-1])
-
-
-def _expert_down_setup(ctx, inputs, output):
-    h, w, offs, inverse, weights = inputs
-    ctx.save_for_backward(h, w, offs, inverse, weights, output[1])
-    ctx.set_materialize_grads(False)  # y has no gradient unless used: no zeros for it
-
-
-def _expert_down_grad(ctx, d_out, d_y):
-    h, w, offs, inverse, weights, y = ctx.saved_tensors
-    need_h, need_w, _, _, need_weights = ctx.needs_input_grad
-    need_y = need_h or need_w
-    dy = dweights = dh = dw = None
-    if d_out is not None:
-        dy, dweights = combine_backward(
-            d_out, y, inverse, weights, need_y, weights is not None and need_weights
-        )
-    if d_y is not None and need_y:  # only when y is used (double backward)
-        dy = d_y if dy is None else dy + d_y
-    if dy is None:
-        return dh, dw, None, None, dweights
-    if need_h:
-        dh = grouped_mm(dy, w.transpose(-2, -1), offs=offs)
-    if need_w:
-        dw = grouped_mm(h.t(), dy, offs=offs)
-    return dh, dw, None, None, dweights
-
-
-_expert_down.register_autograd(_expert_down_grad, setup_context=_expert_down_setup)
 
 
 def expert_down(

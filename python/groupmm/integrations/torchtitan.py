@@ -80,18 +80,30 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import sys
 import warnings
-from typing import Any, Optional, Tuple, cast
+from typing import Any, Optional, cast
 
 import torch
 from torch import Tensor
 
-from .. import _checks as check
 from .._glue import routes
 from ..fused import expert_block
 from ..parallel import expert_compute, expert_parallel_block
-from . import _expert_mm
+from ._torchtitan_compat import (
+    _PLAIN,
+    _TT_MOE,
+    _WEIGHTS,
+    _check_weights,
+    _ep_group,
+    _is_experts,
+    _local,
+    _moe_layers,
+    _pair,
+    _redistributes_nothing,
+    _spmd_type_checking,
+    _swiglu_experts_class,
+)
+from ._torchtitan_layer import _experts_class, _groupmm_seam, _routed_class, groupmm_grouped_mm
 
 __all__ = [
     "convert_moe_config",
@@ -103,46 +115,8 @@ __all__ = [
     "groupmm_routed_experts_class",
 ]
 
-#: its weights: gate, down, up
-_WEIGHTS = ("w1_EFD", "w2_EDF", "w3_EFD")
-_PLAIN = (Tensor, torch.nn.Parameter)
-
-
-def groupmm_grouped_mm(A: Tensor, B_t: Tensor, offs: Tensor) -> Tensor:
-    """``torch._grouped_mm(A, B_t, offs=offs)`` on groupmm: ``A[rows of g] @ B_t[g]``.
-
-    Args:
-        A: ``[R, K]`` rows sorted by group.
-        B_t: ``[E, K, N]`` (any strides; its layout decides the weight gradient's).
-        offs: ``[E]`` cumulative group ends (int32; other integer dtypes are converted).
-    """
-    if offs.dtype != torch.int32 and not offs.dtype.is_floating_point:
-        offs = offs.to(torch.int32)
-    return _expert_mm(A, B_t, offs)
-
 
 # --------------------------------------------------------------------------- the fused block
-
-
-def _pair(
-    w1: Tensor, w2: Tensor, w3: Tensor, dtype: torch.dtype
-) -> Tuple[Tuple[Tensor, Tensor], Tensor]:
-    """``((gate, up), w_out)`` of groupmm's block from torchtitan's weights, in
-    ``dtype``: transposed views of the parameters (casts where their dtype differs), no
-    concatenation."""
-    gate = w1.to(dtype).transpose(1, 2)
-    up = w3.to(dtype).transpose(1, 2)
-    return (gate, up), w2.to(dtype).transpose(1, 2)
-
-
-def _check_weights(w1: Tensor, w2: Tensor, w3: Tensor) -> None:
-    check.dims("w1_EFD", w1, 3, "[E, F, D]")
-    experts, width, dim = w1.shape
-    check.dims("w3_EFD", w3, 3, "[E, F, D]")
-    check.same_shape("w3_EFD", w3, "w1_EFD", w1)
-    check.dims("w2_EDF", w2, 3, "[E, D, F]")
-    ok = w2.shape == (experts, dim, width)
-    check.shape("w2_EDF", w2, ok, "[E={}, D={}, F={}] (w1_EFD's E, D, F)", experts, dim, width)
 
 
 def grouped_experts_forward(
@@ -179,22 +153,6 @@ def grouped_experts_forward(
     return out.type_as(x_RD)
 
 
-def _local(w: Any) -> Any:
-    """A DTensor's local tensor (expert parallelism, FSDP), anything else as it is."""
-    if type(w) in _PLAIN:
-        return w
-    tensor_module = sys.modules.get("torch.distributed.tensor")
-    if tensor_module is not None and isinstance(w, tensor_module.DTensor):
-        return w.to_local()
-    return w
-
-
-def _spmd_type_checking() -> bool:
-    spmd = sys.modules.get("spmd_types")
-    is_checking = getattr(spmd, "is_type_checking", None)
-    return bool(is_checking is not None and is_checking())
-
-
 def _fused_forward(self, x_RD: Tensor, num_tokens_per_expert_E: Tensor) -> Tensor:
     if not type(self)._groupmm_fused:
         # switched to the seam after a wrapper captured this forward (parallelize)
@@ -218,13 +176,6 @@ def _fused_forward(self, x_RD: Tensor, num_tokens_per_expert_E: Tensor) -> Tenso
 # --------------------------------------------------------------------------- the classes
 
 
-def _groupmm_seam(self, *, A: Tensor, B_t: Tensor, offs: Tensor) -> Tensor:
-    return groupmm_grouped_mm(A, B_t, offs)
-
-
-_CLASSES: dict = {}
-
-
 def groupmm_experts_class(parent: type, fused: Optional[bool] = None) -> type:
     """A subclass of ``parent`` (torchtitan's ``GroupedExperts``, ``GptOssGroupedExperts``
     or anything with the same ``_grouped_mm(self, *, A, B_t, offs)`` method) on groupmm.
@@ -241,60 +192,7 @@ def groupmm_experts_class(parent: type, fused: Optional[bool] = None) -> type:
     torch.bfloat16`` (its compute dtype; None: the input's), which an instance may
     override. When ``parent`` has a dataclass ``Config`` (torchtitan's configurable
     modules), the subclass gets its own, so ``cls.Config(...).build()`` builds it."""
-    if not isinstance(parent, type) or not callable(getattr(parent, "_grouped_mm", None)):
-        raise TypeError(
-            "parent: expected a class with a _grouped_mm(self, *, A, B_t, offs) method "
-            f"(torchtitan's GroupedExperts), found {parent!r}"
-        )
-    if fused is not None and not isinstance(fused, bool):
-        raise TypeError(f"fused: expected None, True or False, found {fused!r}")
-    own = getattr(parent, "_groupmm_parent", None)
-    if own is not None:
-        if fused is None or fused == parent._groupmm_fused:  # type: ignore[attr-defined]
-            return parent  # already a groupmm class
-        parent = own
-    fused = bool(fused)  # None: the seam (the fused block is asked for, see the module)
-    key = (parent, fused)
-    if key in _CLASSES:
-        return _CLASSES[key]
-    name = f"Groupmm{'Fused' if fused else ''}{parent.__name__}"
-    namespace: dict = {
-        "_grouped_mm": _groupmm_seam,
-        "_groupmm_parent": parent,
-        "_groupmm_fused": fused,
-        "__module__": parent.__module__,
-        "__doc__": (
-            f"{parent.__name__} on groupmm's fused SwiGLU block."
-            if fused
-            else f"{parent.__name__} with its expert products on groupmm.grouped_mm."
-        ),
-    }
-    if fused:
-        namespace["forward"] = _fused_forward
-        namespace["groupmm_dtype"] = torch.bfloat16
-    _own_config(parent, name, namespace)
-    cls = type(name, (parent,), namespace)
-    _CLASSES[key] = cls
-    return cls
-
-
-def _own_config(parent: type, name: str, namespace: dict) -> None:
-    """A ``Config`` of the subclass's own in ``namespace`` when ``parent`` has a dataclass
-    ``Config`` (torchtitan's configurable modules: ``cls.Config(...).build()`` then
-    builds the subclass), with the parent's dataclass options."""
-    config = getattr(parent, "Config", None)
-    if isinstance(config, type) and dataclasses.is_dataclass(config):
-        params = cast(Any, config).__dataclass_params__
-        kw_only = getattr(params, "kw_only", False)
-        slots = "__slots__" in config.__dict__
-        options = {"kw_only": kw_only, "slots": slots} if (kw_only or slots) else {}
-        namespace["Config"] = dataclasses.dataclass(**options)(
-            type("Config", (config,), {"__qualname__": f"{name}.Config"})
-        )
-
-
-def _is_experts(module: Any) -> bool:
-    return callable(getattr(type(module), "_grouped_mm", None)) and hasattr(module, "num_experts")
+    return _experts_class(parent, fused, _fused_forward)
 
 
 def enable(model: torch.nn.Module, fused: Optional[bool] = None) -> int:
@@ -357,50 +255,7 @@ def enable(model: torch.nn.Module, fused: Optional[bool] = None) -> int:
     return len(plan)
 
 
-_PARALLELIZE_WRAPPER = "Module.parallelize.<locals>.forward_with_redistribution"
-_REDISTRIBUTIONS = (
-    "in_src_shardings",
-    "in_dst_shardings",
-    "out_src_shardings",
-    "out_dst_shardings",
-    "local_map",
-)
-
-
-def _redistributes_nothing(module: Any) -> bool:
-    """``module.forward`` is torchtitan's ``Module.parallelize`` wrapper around a
-    sharding config of states only (no input, output or local-map sharding): the wrapper
-    passes the arguments and the output through unchanged."""
-    wrapper = module.__dict__.get("forward")
-    if getattr(wrapper, "__qualname__", None) != _PARALLELIZE_WRAPPER:
-        return False
-    config = getattr(module, "_sharding_config", None)
-    return config is not None and all(getattr(config, n, None) is None for n in _REDISTRIBUTIONS)
-
-
 # --------------------------------------------------------------------------- the whole MoE
-
-_TT_MOE = "torchtitan.models.common.moe"
-
-
-def _ep_group(w: Any) -> Optional[Any]:
-    """The process group over which the DTensor ``w`` shards its experts (dim 0, on one
-    mesh dim of more than one rank: torchtitan's EP mesh dim); None for a plain tensor
-    or experts not sharded (EP = 1, expert TP)."""
-    tensor_module = sys.modules.get("torch.distributed.tensor")
-    if tensor_module is None or not isinstance(w, tensor_module.DTensor):
-        return None
-    mesh = w.device_mesh
-    dims = [i for i, p in enumerate(w.placements) if p.is_shard(0) and mesh.size(i) > 1]
-    if not dims:
-        return None
-    if len(dims) > 1:
-        names = mesh.mesh_dim_names or tuple(range(mesh.ndim))
-        raise ValueError(
-            "w1_EFD: experts sharded along dim 0 over several mesh dims "
-            f"{[names[i] for i in dims]}; expected one (torchtitan's EP dim)"
-        )
-    return mesh.get_group(dims[0])
 
 
 def _routed_forward(
@@ -441,7 +296,6 @@ def _routed_forward(
 
 
 _OURS = (_fused_forward, _groupmm_seam)
-_ROUTED_CLASSES: dict = {}
 
 
 def groupmm_routed_experts_class(parent: type) -> type:
@@ -451,82 +305,7 @@ def groupmm_routed_experts_class(parent: type) -> type:
     routed tokens (:func:`enable_moe` says what runs). Cached; ``groupmm_dtype =
     torch.bfloat16`` (the compute dtype, torchtitan's; None: the input's); its own
     ``Config`` when ``parent`` has a dataclass one. A groupmm class gives itself."""
-    if not isinstance(parent, type) or not callable(getattr(parent, "forward", None)):
-        raise TypeError(f"parent: expected torchtitan's RoutedExperts class, found {parent!r}")
-    if getattr(parent, "_groupmm_routed", False):
-        return parent
-    if parent in _ROUTED_CLASSES:
-        return _ROUTED_CLASSES[parent]
-    name = f"Groupmm{parent.__name__}"
-    namespace: dict = {
-        "forward": _routed_forward,
-        "groupmm_dtype": torch.bfloat16,
-        "_groupmm_parent": parent,
-        "_groupmm_routed": True,
-        "__module__": parent.__module__,
-        "__doc__": f"{parent.__name__} on groupmm's fused SwiGLU block (dispatch, "
-        "experts and combine in one).",
-    }
-    _own_config(parent, name, namespace)
-    cls = type(name, (parent,), namespace)
-    _ROUTED_CLASSES[parent] = cls
-    return cls
-
-
-def _swiglu_experts_class(cls: type) -> bool:
-    """``cls`` computes torchtitan's SwiGLU experts: its ``forward`` and ``_grouped_mm``
-    are torchtitan's ``GroupedExperts``' own or groupmm's."""
-    for attr in ("forward", "_grouped_mm"):
-        fn = getattr(cls, attr, None)
-        if fn in _OURS:
-            continue
-        where = (getattr(fn, "__module__", None), getattr(fn, "__qualname__", None))
-        if where != (_TT_MOE, f"GroupedExperts.{attr}"):
-            return False
-    return True
-
-
-def _moe_parts(module: Any) -> Optional[Tuple[Any, Any, Any]]:
-    """``(routed_experts, inner_experts, token_dispatcher)`` of a torchtitan ``MoE``
-    (router, routed experts, the ``tokens_per_expert_E`` buffer), else None."""
-    routed = getattr(module, "routed_experts", None)
-    inner = getattr(routed, "inner_experts", None)
-    dispatcher = getattr(routed, "token_dispatcher", None)
-    if not (
-        isinstance(routed, torch.nn.Module)
-        and isinstance(inner, torch.nn.Module)
-        and dispatcher is not None
-        and isinstance(getattr(module, "router", None), torch.nn.Module)
-        and hasattr(module, "tokens_per_expert_E")
-    ):
-        return None
-    return routed, inner, dispatcher
-
-
-def _why_not(fqn: str, routed: Any, inner: Any, dispatcher: Any) -> Optional[Exception]:
-    """The error saying why the MoE at ``fqn`` cannot run on groupmm's block, or None."""
-    at = f"model: {fqn}.routed_experts" if fqn else "model: routed_experts"
-    names = {n for n, _ in inner.named_parameters()}
-    if names != set(_WEIGHTS) or not _swiglu_experts_class(type(inner)):
-        return TypeError(
-            f"{at}.inner_experts is {type(inner).__name__} (parameters "
-            f"{sorted(names)}), not torchtitan's SwiGLU GroupedExperts (w1_EFD, w2_EDF, "
-            "w3_EFD, no bias); enable_moe runs SwiGLU experts only: use enable(model) for "
-            "this class (its expert products on groupmm's grouped_mm seam)"
-        )
-    experts = inner.w1_EFD.shape[0]
-    if getattr(dispatcher, "num_experts", experts) != experts:
-        return ValueError(
-            f"{at}: its token dispatcher routes to {dispatcher.num_experts} experts, "
-            f"its inner_experts hold {experts}"
-        )
-    if "forward" in routed.__dict__:
-        return ValueError(
-            f"{at} has a forward of its own (torchtitan's Module.parallelize wraps it): "
-            "call enable_moe before parallelize, or build the model from a config "
-            "converted by convert_moe_config"
-        )
-    return None
+    return _routed_class(parent, _routed_forward)
 
 
 #: enable_moe's dtype default: the class's groupmm_dtype
@@ -578,23 +357,7 @@ def enable_moe(model: torch.nn.Module, *, dtype: Any = _KEEP) -> int:
         raise TypeError(f"model: expected a torch.nn.Module, found {type(model).__name__}")
     if dtype is not _KEEP and dtype is not None and not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype: expected a torch.dtype or None, found {dtype!r}")
-    layers = []
-    for fqn, module in model.named_modules():
-        parts = _moe_parts(module)
-        if parts is not None:
-            layers.append((fqn, *parts))
-    if not layers:
-        raise ValueError(
-            f"model: {type(model).__name__} holds no torchtitan MoE layer (a module with "
-            "router, routed_experts.inner_experts, routed_experts.token_dispatcher and "
-            "tokens_per_expert_E); nothing was switched to groupmm"
-        )
-    for fqn, routed, inner, dispatcher in layers:
-        if getattr(type(routed), "_groupmm_routed", False):
-            continue
-        error = _why_not(fqn, routed, inner, dispatcher)
-        if error is not None:
-            raise error
+    layers = _moe_layers(model, _OURS)
     for _fqn, routed, _inner, _dispatcher in layers:
         routed.__class__ = groupmm_routed_experts_class(type(routed))
         if dtype is not _KEEP:
@@ -616,7 +379,7 @@ def convert_moe_config(model_config: Any) -> Any:
     found = list(model_config.traverse(RoutedExperts.Config))
     for fqn, config, _parent, _attr in found:
         owner = type(config.inner_experts)._owner
-        if not _swiglu_experts_class(owner):
+        if not _swiglu_experts_class(owner, _OURS):
             raise TypeError(
                 f"model_config: {fqn}.inner_experts builds {owner.__name__}, not "
                 "torchtitan's SwiGLU GroupedExperts; use enable(model) for this class"
