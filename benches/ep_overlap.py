@@ -50,6 +50,12 @@ def parse_args(argv=None):
     p.add_argument("--configs", default="mixtral,qwen3-30b-a3b", help="comma list")
     p.add_argument("--tokens-per-gpu", type=int, default=16384)
     p.add_argument("--samples", type=int, default=15, help="round-robin rounds")
+    p.add_argument(
+        "--sm-limits",
+        default="",
+        help="comma list of SM counts: groupmm's product also measured under "
+        "groupmm.sm_limit(n) for each (its persistent grid leaves the other SMs to NCCL)",
+    )
     p.add_argument("--json", help="results (rank 0)")
     p.add_argument("--md", help="the table in markdown (rank 0)")
     p.add_argument("--from-json", help="render a result file; no GPU, no torchrun")
@@ -76,7 +82,7 @@ def timed(fn, dev) -> float:
     return a.elapsed_time(b)
 
 
-def run_config(name: str, T: int, samples: int, dev, W: int) -> dict:
+def run_config(name: str, T: int, samples: int, dev, W: int, limits=()) -> dict:
     d, f, E, k = CONFIGS[name]
     rows = received_rows(T, E, k, W, torch.Generator().manual_seed(0))
     groups = E // W
@@ -91,10 +97,21 @@ def run_config(name: str, T: int, samples: int, dev, W: int) -> dict:
 
     out = {"config": name, "d_model": d, "d_ff": f, "experts": E, "top_k": k, "rows": rows}
     out["a2a_mb_per_rank"] = send.numel() * send.element_size() / 1e6
-    for impl, gemm in (
+
+    def limited(n):
+        def gemm():
+            with groupmm.sm_limit(n):
+                return groupmm.grouped_mm(x, w, offs=offs)
+
+        return gemm
+
+    impls = [
         ("groupmm", lambda: groupmm.grouped_mm(x, w, offs=offs)),
         ("torch", lambda: F.grouped_mm(x, w, offs=offs)),
-    ):
+    ]
+    impls += [(f"groupmm-sm{n}", limited(n)) for n in limits]
+    out["impls"] = [name for name, _ in impls]
+    for impl, gemm in impls:
 
         def overlap(gemm=gemm):
             work = a2a(True)
@@ -133,7 +150,7 @@ def render_md(doc: dict) -> str:
     ]
     for row in doc["rows"]:
         cfg = f"{row['config']} ({row['d_model']}, {row['d_ff']}, {row['experts']}, {row['top_k']})"
-        for impl in ("groupmm", "torch"):
+        for impl in row.get("impls", ("groupmm", "torch")):
             m = row[impl]["median_ms"]
             lines.append(
                 f"| {cfg} | {row['rows']} | {row['a2a_mb_per_rank']:.0f} | {impl} | "
@@ -182,10 +199,11 @@ def main(argv=None) -> int:
     for name in comma_list(args.configs):
         if name not in CONFIGS:
             raise SystemExit(f"unknown config {name!r}; known: {', '.join(CONFIGS)}")
-        row = run_config(name, args.tokens_per_gpu, args.samples, dev, W)
+        limits = [int(v) for v in comma_list(args.sm_limits)] if args.sm_limits else []
+        row = run_config(name, args.tokens_per_gpu, args.samples, dev, W, limits)
         doc["rows"].append(row)
         if rank == 0:
-            for impl in ("groupmm", "torch"):
+            for impl in row["impls"]:
                 m = row[impl]["median_ms"]
                 print(
                     f"{name} W={W} {impl}: gemm {m['gemm']:.3f} a2a {m['a2a']:.3f} "

@@ -50,4 +50,11 @@ bool gathers_in_gemm(int32_t device, DType dtype);
 // Reads and clears the deferred error flag of `device`.
 bool take_deferred_error(int32_t device);
 
+// The most SMs a launch of this process may occupy on any device (0: all of them): the
+// persistent grids of the products and the row kernels' grids are sized to it, leaving
+// the other SMs to kernels that run beside them (e.g. NCCL's exchanges on another
+// stream). Process-wide; read at each launch's planning.
+void set_sm_limit(int32_t sms);
+int32_t sm_limit();
+
 }  // namespace gmm

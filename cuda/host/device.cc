@@ -2,6 +2,9 @@
 #include "host/device.h"
 
 #include "device/gemm_set.h"
+#include "host/api.h"
+
+#include <atomic>
 
 #include <mutex>
 #include <stdexcept>
@@ -34,6 +37,8 @@ void check_device(int device) {
   }
 }
 
+std::atomic<int> sm_limit_value{0};  // set_sm_limit: 0 = every SM
+
 struct Flag {
   int* host = nullptr;
   int* dev = nullptr;
@@ -59,8 +64,18 @@ DevInfo device_info(int device) {
     err[device] = e;
   });
   if (err[device] != cudaSuccess) fail("cudaDeviceGetAttribute", err[device]);
-  return info[device];
+  DevInfo d = info[device];
+  const int limit = sm_limit_value.load(std::memory_order_relaxed);
+  if (limit > 0 && limit < d.sm_count) d.sm_count = limit;
+  return d;
 }
+
+void set_sm_limit(int32_t sms) {
+  if (sms < 0) throw std::runtime_error("sm limit " + std::to_string(sms) + " is negative");
+  sm_limit_value.store(sms, std::memory_order_relaxed);
+}
+
+int32_t sm_limit() { return sm_limit_value.load(std::memory_order_relaxed); }
 
 DevInfo enter(int device) {
   DevInfo d = device_info(device);

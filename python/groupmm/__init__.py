@@ -14,10 +14,13 @@ ops, their fake kernels and autograd), ``_autocast``, ``_numpy`` (the torch-free
 ``_native`` (the Rust extension); ``nn``, ``moe`` and ``fused`` build MoE layers on top.
 """
 
+import contextlib
+from typing import Iterator
+
 from . import _native
 from ._native import __version__
 
-__all__ = ["grouped_mm", "build_info", "__version__"]
+__all__ = ["grouped_mm", "build_info", "sm_limit", "__version__"]
 
 try:
     import torch as _torch  # noqa: F401
@@ -31,6 +34,27 @@ def build_info() -> dict:
     """What this build holds: ``{"version", "cuda", "cuda_archs", "cuda_runtime",
     "cutlass", ...}``."""
     return dict(_native.build_info())
+
+
+@contextlib.contextmanager
+def sm_limit(sms: int) -> Iterator[None]:
+    """Inside the block, groupmm's CUDA kernels launched by this process occupy at most
+    ``sms`` SMs of any device (0: all of them), leaving the others to kernels that run
+    beside them on other streams (e.g. the all-to-all exchanges of expert parallelism on
+    NCCL's stream, which a product holding every SM keeps waiting). Process-wide, not per
+    thread or stream; the previous limit comes back at the block's end. Launches are
+    planned when issued, so the limit of the block applies to what the block issues,
+    including CUDA-graph captures made inside it.
+
+    Raises ValueError for a negative ``sms`` and RuntimeError in a build without CUDA."""
+    if not isinstance(sms, int) or isinstance(sms, bool):
+        raise TypeError(f"sms: expected an int, found {type(sms).__name__}")
+    before = _native.sm_limit()
+    _native.set_sm_limit(sms)
+    try:
+        yield
+    finally:
+        _native.set_sm_limit(before)
 
 
 if _HAS_TORCH:

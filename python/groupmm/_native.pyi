@@ -30,6 +30,8 @@ __all__ = [
     "row_dots",
     "row_scaled_mm",
     "scatter_rows",
+    "set_sm_limit",
+    "sm_limit",
     "swiglu",
     "swiglu_backward",
     "swiglu_mm",
@@ -294,6 +296,14 @@ def gathers_in_gemm(device: int, dtype: str) -> bool:
     device ``device`` read routed rows through ``src`` inside the GEMM (Hopper, 16-bit,
     unless ``GROUPMM_SM90_GATHER=0``): the fused layer then hands ``src`` to each product
     instead of copying the rows once for several of them. RuntimeError without CUDA."""
+
+def set_sm_limit(sms: int) -> None:
+    """Limits every later CUDA launch of this process to ``sms`` SMs on any device (0: all
+    of them): the persistent products and the row kernels leave the others to kernels that
+    run beside them. ValueError for a negative count, RuntimeError without CUDA."""
+
+def sm_limit() -> int:
+    """The limit :func:`set_sm_limit` set (0: none; 0 without CUDA)."""
 
 def take_offs_error(device: int) -> bool:
     """Reads and clears the device's deferred error flag (no sync): True when a launch

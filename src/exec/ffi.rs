@@ -348,6 +348,12 @@ pub(crate) mod bridge {
 
         /// Reads and clears the device's deferred error flag (no sync).
         fn take_deferred_error(device: i32) -> Result<bool>;
+
+        /// The most SMs a launch of this process may occupy (0: all).
+        fn set_sm_limit(sms: i32) -> Result<()>;
+
+        /// The limit `set_sm_limit` set (0: none).
+        fn sm_limit() -> i32;
     }
 }
 

@@ -88,3 +88,20 @@ pub(super) fn gathers_in_gemm(device: i32, dtype: &str) -> PyResult<bool> {
 pub(super) fn take_deferred_error(device: i32) -> PyResult<bool> {
     guard(|| Ok(exec::cuda::take_deferred_error(device)?))
 }
+
+/// Limits every later CUDA launch of this process to `sms` SMs (0: all of them).
+#[pyfunction]
+pub(super) fn set_sm_limit(sms: i32) -> PyResult<()> {
+    if sms < 0 {
+        return Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "sms: expected 0 (every SM) or a positive count, found {sms}"
+        )));
+    }
+    guard(|| Ok(exec::cuda::set_sm_limit(sms)?))
+}
+
+/// The SM limit of this process's CUDA launches (0: none).
+#[pyfunction]
+pub(super) fn sm_limit() -> i32 {
+    exec::cuda::sm_limit()
+}

@@ -133,6 +133,8 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(info::build_info, m)?)?;
     m.add_function(wrap_pyfunction!(info::gathers_in_gemm, m)?)?;
     m.add_function(wrap_pyfunction!(info::take_deferred_error, m)?)?;
+    m.add_function(wrap_pyfunction!(info::set_sm_limit, m)?)?;
+    m.add_function(wrap_pyfunction!(info::sm_limit, m)?)?;
     m.add("__version__", crate::VERSION)?;
     m.add("TOPK_CUDA_MAX_COLS", shape::TOPK_CUDA_MAX_COLS)?;
     Ok(())

@@ -110,6 +110,34 @@ pub fn take_deferred_error(device: i32) -> Result<bool> {
 }
 
 #[cfg(groupmm_cuda)]
+/// Limits every later launch of this process to `sms` SMs on any device (0: all of them):
+/// the persistent products and the row kernels leave the other SMs to kernels that run
+/// beside them, such as the exchanges of expert parallelism on NCCL's stream.
+pub fn set_sm_limit(sms: i32) -> Result<()> {
+    check_compiled()?;
+    #[cfg(groupmm_cuda)]
+    {
+        ffi::set_sm_limit(sms).map_err(seam)
+    }
+    #[cfg(not(groupmm_cuda))]
+    {
+        let _ = sms;
+        unreachable!("checked above")
+    }
+}
+
+/// The limit [`set_sm_limit`] set (0: none); 0 without CUDA.
+pub fn sm_limit() -> i32 {
+    #[cfg(groupmm_cuda)]
+    {
+        ffi::sm_limit()
+    }
+    #[cfg(not(groupmm_cuda))]
+    {
+        0
+    }
+}
+
 fn seam(e: cxx::Exception) -> Error {
     Error::Cuda(e.what().to_string())
 }
