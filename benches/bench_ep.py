@@ -36,6 +36,9 @@ Implementations (``--impls``), all on the same EP process group (a one-dimension
   weights: equal-split all_to_all of T rows per pair of ranks, no host sync (the host
   runs ahead of the GPU), at the cost of ``groupmm.parallel.fixed_exchange_rows(E, W, k)``
   times the exact exchange's rows and larger expert intermediates;
+- ``pipelined``: ``fixed`` in ``--pipeline-chunks`` slices (``ep_chunks``), each slice's
+  exchanges on a second CUDA stream under another slice's experts, the expert kernels
+  on ``--pipeline-sms`` SMs (``groupmm.sm_limit``; 0: all) so that NCCL gets the rest;
 - ``torchtitan``: torchtitan's own classes (when ``import torchtitan`` works; else skipped
   and the output says why): ``RoutedExperts`` = ``AllToAllTokenDispatcher`` +
   ``GroupedExperts`` (``torch._grouped_mm``, w1/w3/w2 in bf16), called as its
@@ -228,6 +231,10 @@ def parse_args(argv=None):
     p.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda when available")
     p.add_argument("--dtype", choices=tuple(DTYPES), help="default bf16 on cuda, fp32 on cpu")
     p.add_argument("--impls", default=",".join(IMPLS), help="comma list of " + ", ".join(IMPLS))
+    p.add_argument("--pipeline-chunks", type=int, default=2, help="pipelined: token slices")
+    p.add_argument(
+        "--pipeline-sms", type=int, default=0, help="pipelined: SMs for the experts (0: all)"
+    )
     p.add_argument("--warmup", type=int, default=3, help="steps per implementation first")
     p.add_argument("--rounds", type=int, default=8, help="round-robin rounds")
     p.add_argument("--calls", type=int, default=2, help="back-to-back steps per sample")

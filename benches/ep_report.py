@@ -21,10 +21,21 @@ from report import commands, fmt, md_head, merge_runs, no_figure_lines
 from timing import paired  # benches/timing.py, same folder
 
 #: the implementations, in table order
-IMPLS = ("fused", "fixed", "unfused", "torchtitan", "tt_groupmm", "tt_seam", "whole", "single")
+IMPLS = (
+    "fused",
+    "fixed",
+    "pipelined",
+    "unfused",
+    "torchtitan",
+    "tt_groupmm",
+    "tt_seam",
+    "whole",
+    "single",
+)
 LABELS = {
     "fused": "groupmm fused",
     "fixed": "groupmm fused, fixed sizes",
+    "pipelined": "groupmm fused, fixed sizes, pipelined",
     "unfused": "groupmm unfused",
     "torchtitan": "torchtitan",
     "tt_groupmm": "torchtitan + groupmm experts",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import statistics
 
+import groupmm
 import groupmm.integrations.torchtitan as groupmm_torchtitan
 import groupmm.parallel as gpar
 import torch
@@ -172,6 +173,35 @@ def run_row(spec: dict, args, ctx: dict) -> dict:
     )
     fixed.experts = ex  # the same weights
     fixed.router = FixedRouter(ids, weights, dtype, E)
+    # fixed sizes pipelined: --pipeline-chunks slices, exchanges on a second stream, the
+    # expert products on --pipeline-sms SMs (groupmm.sm_limit)
+    piped = MoELayer(
+        d,
+        f,
+        E,
+        k,
+        aux_loss_coef=0.0,
+        device="meta",
+        dtype=dtype,
+        ep_group=group,
+        ep_capacity=T,
+        ep_chunks=args.pipeline_chunks,
+    )
+    piped.experts = ex  # the same weights
+    piped.router = FixedRouter(ids, weights, dtype, E)
+
+    def pipelined(x):
+        # its slices pass the phase marks once each: the split's two boundaries would
+        # mean nothing; the step alone is timed
+        enabled, split.enabled = split.enabled, False
+        try:
+            if dev.type != "cuda" or not args.pipeline_sms:
+                return piped(x)
+            with groupmm.sm_limit(args.pipeline_sms):
+                return piped(x)
+        finally:
+            split.enabled = enabled
+
     # the rows this rank receives (one plan: the counts exchange and its host sync)
     plan = gpar.plan(ids, ex.num_experts, group)
     local_ids = plan.local_ids
@@ -194,6 +224,9 @@ def run_row(spec: dict, args, ctx: dict) -> dict:
     if "fixed" in want:
         fwd["fixed"] = lambda: fixed(x)
         leaves["fixed"] = [x, weights, ex.w_in, ex.w_out]
+    if "pipelined" in want:
+        fwd["pipelined"] = lambda: pipelined(x)
+        leaves["pipelined"] = [x, weights, ex.w_in, ex.w_out]
     if "unfused" in want:
         fwd["unfused"] = lambda: unfused(x)
         leaves["unfused"] = [x, weights, ex.w_in, ex.w_out]

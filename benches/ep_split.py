@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import groupmm._fixed as gfixed
 import groupmm.moe as gmoe
 import groupmm.parallel as gpar
 import torch
@@ -134,4 +135,5 @@ def install_split(split: Split) -> None:
         y = real_block(x, w_in, w_out, offs, src, inverse, weights, up)
         return split.mark(y, "f2", "b2")
 
-    gpar._block = block  # expert_parallel_block looks it up here
+    gpar._block = block  # expert_parallel_block looks it up here (exact sizes)
+    gfixed._block = block  # and fixed_block here (fixed sizes)

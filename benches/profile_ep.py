@@ -211,6 +211,7 @@ def load_trace(path: str) -> list:
 
 def profile(args) -> int:
     import groupmm
+    import groupmm._fixed as gfixed
     import groupmm.parallel as gp
     import torch
     import torch.distributed as dist
@@ -260,8 +261,8 @@ def profile(args) -> int:
     def mark(name):
         marks.append((name, event(), time.perf_counter()))
 
-    def wrap(name):
-        real = getattr(gp, name)
+    def wrap(module, name):
+        real = getattr(module, name)
 
         def marked(*a, **kw):
             mark(name + "<")
@@ -269,10 +270,14 @@ def profile(args) -> int:
             mark(name + ">")
             return out
 
-        setattr(gp, name, marked)
+        setattr(module, name, marked)
 
+    # expert_parallel_block looks them up in groupmm.parallel (exact sizes), fixed_block
+    # in groupmm._fixed (fixed sizes)
     for name in MARKED:
-        wrap(name)  # expert_parallel_block looks them up in groupmm.parallel
+        for module in (gp, gfixed):
+            if hasattr(module, name):
+                wrap(module, name)
 
     several = len(args.modes) > 1
     path = args.trace or "/tmp/profile_ep_trace.json"

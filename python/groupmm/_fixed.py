@@ -1,9 +1,10 @@
 """Fixed-size exchanges of expert parallelism (:func:`groupmm.parallel.
 expert_parallel_block` with ``capacity``): the plan that sends ``capacity`` rows to every
 rank with no host sync (:func:`plan_fixed`), what it costs in rows
-(:func:`fixed_exchange_rows`), and the routing check that the host reads a few calls
-later (:data:`routing_check`). The rows travel through ``groupmm._exchange``'s autograd
-functions, as with exact sizes.
+(:func:`fixed_exchange_rows`), the routing check that the host reads a few calls later
+(:data:`routing_check`), and the block over them, whole or as a pipeline of chunks whose
+exchanges run on a second CUDA stream (:func:`fixed_block`). The rows travel through
+``groupmm._exchange``'s autograd functions, as with exact sizes.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ._exchange import TokenPlan, _raise_on_bad_ids
+from ._exchange import TokenPlan, _exchange_rows, _raise_on_bad_ids, _Return, _Send
+from ._glue import routes
+from .fused import _block
 
 
 def plan_fixed(
@@ -129,3 +132,100 @@ def _group_key(group: Any) -> Any:
 
 
 routing_check = _RoutingCheck()
+
+
+def fixed_block(
+    x: Tensor,
+    expert_ids: Tensor,
+    weights: Optional[Tensor],
+    experts: Tuple[Tensor, Optional[Tensor], Tensor],
+    group: Any,
+    capacity: int,
+    chunks: int,
+) -> Tensor:
+    """:func:`groupmm.parallel.expert_parallel_block` with fixed sizes, on checked
+    arguments (``experts``: gate or ``[gate | up]``, up or None, ``w_out``).
+
+    With ``chunks > 1`` the tokens go in ``chunks`` slices of at most ``ceil(capacity /
+    chunks)`` (the same bound on every rank), issued so that each slice's exchanges can
+    run beside another slice's experts: every dispatch first, then each slice's experts
+    and its return. On CUDA the exchanges (and their autograd backward, which runs on
+    the stream of its forward) go on a second stream, ordered against the compute stream
+    by one event per hand-over; elsewhere the same slices run in turn."""
+    tokens = x.shape[0]
+    # the same slices on every rank (a rank's slices may hold no tokens)
+    cap = -(-capacity // chunks)
+    bounds = [tokens * i // chunks for i in range(chunks + 1)]
+    compute = torch.cuda.current_stream(x.device) if x.is_cuda and chunks > 1 else None
+    comm = _comm_stream(x.device) if compute is not None else None
+    world = dist.get_world_size(group)
+    num_local = experts[0].shape[0]
+    top_k = expert_ids.shape[1]
+    sent = []
+    for lo, hi in zip(bounds, bounds[1:]):
+        w_c = None if weights is None else weights[lo:hi]
+        p, meta = plan_fixed(expert_ids[lo:hi], num_local, cap, group)
+        with _on(comm, compute):
+            rows, row_weights = _Send.apply(x[lo:hi], w_c, p, num_local, group)
+            recv = _exchange_rows(meta, p.out_splits, p.in_splits, group, False)
+            ready = _event(comm)
+        sent.append((p, rows, row_weights, recv, ready))
+    outs = []
+    for p, rows, row_weights, recv, ready in sent:
+        if ready is not None:
+            assert compute is not None
+            compute.wait_event(ready)
+            for t in (rows, row_weights, recv):
+                if t is not None:
+                    t.record_stream(compute)
+        routing_check.record(recv[::cap, top_k], group, world, num_local)
+        r = routes(recv[:, :top_k], num_local, placeholders=True, index_dtype=torch.int32)
+        y = _block(rows, experts[0], experts[2], r.offs, r.src, r.inverse, row_weights, experts[1])
+        with _on(comm, compute):
+            out = _Return.apply(y, p, group)
+            back = _event(comm)
+        if back is not None:
+            assert compute is not None
+            compute.wait_event(back)
+            out.record_stream(compute)
+        outs.append(out)
+    return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+
+_COMM_STREAMS: Dict[int, Any] = {}
+
+
+def _comm_stream(device: torch.device) -> Any:
+    """The second stream of ``device`` that pipelined exchanges run on (one per device)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _COMM_STREAMS:
+        _COMM_STREAMS[index] = torch.cuda.Stream(device=index)
+    return _COMM_STREAMS[index]
+
+
+class _on:
+    """``with _on(comm, compute)``: the block runs on ``comm`` after everything queued on
+    ``compute`` so far (nothing happens when ``comm`` is None)."""
+
+    def __init__(self, comm: Any, compute: Any) -> None:
+        self.comm, self.compute = comm, compute
+        self.ctx: Any = None
+
+    def __enter__(self) -> None:
+        if self.comm is not None:
+            self.comm.wait_stream(self.compute)
+            self.ctx = torch.cuda.stream(self.comm)
+            self.ctx.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.ctx is not None:
+            self.ctx.__exit__(*exc)
+
+
+def _event(stream: Any) -> Any:
+    """An event recorded on ``stream`` now (None without one)."""
+    if stream is None:
+        return None
+    ev = torch.cuda.Event()
+    ev.record(stream)
+    return ev

@@ -176,6 +176,10 @@ class MoELayer(nn.Module):
             (:func:`groupmm.parallel.expert_parallel_block`'s ``capacity``, where the
             cost in bytes and memory is told). None: exact sizes, one host sync per
             ``forward``.
+        ep_chunks: with ``ep_capacity``: pipeline the tokens in this many slices, their
+            exchanges on a second CUDA stream under the other slices' experts
+            (:func:`groupmm.parallel.expert_parallel_block`'s ``chunks``; run the layer
+            inside :func:`groupmm.sm_limit` so that the exchanges get SMs).
         fused: run the experts as :func:`groupmm.fused.expert_block`, one operation
             from the tokens to the combined output (gather, up projection and SwiGLU in
             one native call, on Hopper one kernel; down projection, router weights and
@@ -209,6 +213,7 @@ class MoELayer(nn.Module):
         *,
         ep_group: Any = None,
         ep_capacity: int | None = None,
+        ep_chunks: int = 1,
     ) -> None:
         super().__init__()
         # constructor arguments: nothing native sees them
@@ -243,8 +248,12 @@ class MoELayer(nn.Module):
                     "ep_capacity: expected with ep_group and the fused path, found "
                     f"ep_group={ep_group!r}, fused={fused}"
                 )
+        check.positive_int("ep_chunks", ep_chunks)
+        if ep_chunks > 1 and ep_capacity is None:
+            raise ValueError(f"ep_chunks: expected 1 without ep_capacity, found {ep_chunks}")
         self.ep_group = ep_group
         self.ep_capacity = ep_capacity
+        self.ep_chunks = ep_chunks
         self.pad_to = pad_to
         self.fused = fused
         self.router = TopKRouter(
@@ -297,7 +306,7 @@ class MoELayer(nn.Module):
         ex = self.experts
         if self.fused:
             args = (flat, route.expert_ids, route.weights, ex.w_in, ex.w_out, self.ep_group)
-            return expert_parallel_block(*args, capacity=self.ep_capacity)
+            return expert_parallel_block(*args, capacity=self.ep_capacity, chunks=self.ep_chunks)
 
         def local(received: torch.Tensor, p: Plan) -> torch.Tensor:
             q = routes(p.local_ids, ex.num_experts, self.pad_to)

@@ -64,7 +64,13 @@ from ._exchange import (  # noqa: F401
     plan,
     plan_tokens,
 )
-from ._fixed import ROUTING_CHECK_LAG, fixed_exchange_rows, plan_fixed, routing_check  # noqa: F401
+from ._fixed import (  # noqa: F401
+    ROUTING_CHECK_LAG,
+    fixed_block,
+    fixed_exchange_rows,
+    plan_fixed,
+    routing_check,
+)
 from ._glue import routes
 from .fused import GateUp, _block, _check_expert_count, _check_experts, _int32
 
@@ -103,6 +109,7 @@ def expert_parallel_block(
     group: Optional[Any] = None,
     *,
     capacity: Optional[int] = None,
+    chunks: int = 1,
 ) -> Tensor:
     """:func:`groupmm.fused.expert_block` with the experts sharded over ``group``.
 
@@ -132,6 +139,14 @@ def expert_parallel_block(
             on every rank ``ROUTING_CHECK_LAG`` (8) calls with this group later, or at
             :func:`check_routing`; not checked while a CUDA graph is captured or
             torch.compile traces.
+        chunks: with ``capacity``: split this rank's tokens into this many chunks
+            (``ceil(capacity / chunks)`` rows per pair of ranks each, the same results)
+            and pipeline them, on CUDA the exchanges on a second stream: chunk ``i +
+            1``'s dispatch
+            runs under chunk ``i``'s experts, chunk ``i``'s return under chunk ``i +
+            1``'s, and the same in the backward. The exchanges get SMs beside the
+            expert products only when those leave some free: run the call inside
+            :func:`groupmm.sm_limit`. 1: no pipeline.
 
     Returns:
         ``[T, D]`` in ``x``'s dtype: ``sum_j weights[t, j] * expert_{ids[t, j]}(x[t])``.
@@ -155,22 +170,16 @@ def expert_parallel_block(
         # each row's chosen experts as this rank's local ids (num_local: another rank's)
         recv_ids = _exchange_rows(p.send_ids, p.out_splits, p.in_splits, group, False)
         offs, src, inverse = _local_routes(recv_ids, num_local, cast(int, p.copies))
-    else:
-        check.positive_int("capacity", capacity)
-        if capacity < x.shape[0]:
-            raise ValueError(
-                f"capacity: expected at least this rank's tokens {x.shape[0]}, found {capacity}"
-            )
-        routing_check.check(group, ROUTING_CHECK_LAG - 1)  # an earlier call's flags
-        p, meta = plan_fixed(expert_ids, num_local, capacity, group)
-        rows, row_weights = _Send.apply(x, weights, p, num_local, group)
-        recv = _exchange_rows(meta, p.out_splits, p.in_splits, group, False)
-        top_k = expert_ids.shape[1]
-        routing_check.record(recv[::capacity, top_k], group, len(p.in_splits), num_local)
-        r = routes(recv[:, :top_k], num_local, placeholders=True, index_dtype=torch.int32)
-        offs, src, inverse = r.offs, r.src, r.inverse
-    y = _block(rows, w, w_out, offs, src, inverse, row_weights, up)
-    return _Return.apply(y, p, group)
+        y = _block(rows, w, w_out, offs, src, inverse, row_weights, up)
+        return _Return.apply(y, p, group)
+    check.positive_int("capacity", capacity)
+    if capacity < x.shape[0]:
+        raise ValueError(
+            f"capacity: expected at least this rank's tokens {x.shape[0]}, found {capacity}"
+        )
+    check.positive_int("chunks", chunks)
+    routing_check.check(group, ROUTING_CHECK_LAG - 1)  # an earlier call's flags
+    return fixed_block(x, expert_ids, weights, (w, up, w_out), group, capacity, chunks)
 
 
 def check_routing(group: Optional[Any] = None) -> None:

@@ -81,6 +81,7 @@ class Case:
     # fixed-size exchanges (the layer's ep_capacity, the block's capacity): "" exact sizes,
     # "max" the group's most tokens per rank, "more" that plus 3
     capacity: str = ""
+    chunks: int = 1  # fixed sizes: the pipeline's slices (block form)
 
 
 CASES = [
@@ -139,6 +140,16 @@ CASES = [
     ),
     Case(
         "fixed-block-skewed-k1", [9, 6, 11, 4], 1, form="block", routing="skewed", capacity="more"
+    ),
+    Case("fixed-block-chunks3-k2", [24, 17, 31, 0], 2, form="block", capacity="max", chunks=3),
+    Case(
+        "fixed-block-chunks2-skewed-k3",
+        [9, 6, 11, 4],
+        3,
+        form="block",
+        routing="skewed",
+        capacity="more",
+        chunks=2,
     ),
     Case(
         "fixed-bad-id-high-last-rank", [5, 3, 4, 6], 2, form="bad", bad=("last", E), capacity="max"
@@ -404,7 +415,8 @@ def run_block(ctx: Ctx, case: Case) -> Tuple[List[Result], List[int]]:
     ids = data[me][2].to(ctx.device)
     weights = ctx.low(data[me][3]).requires_grad_() if case.weighted else None
     cap = capacity_of(case, ranks, args.token_scale)
-    out = expert_parallel_block(x, ids, weights, my_in, my_out, group, capacity=cap)
+    kw = {"capacity": cap, "chunks": case.chunks}
+    out = expert_parallel_block(x, ids, weights, my_in, my_out, group, **kw)
     (out * go).sum().backward()
 
     xs = ctx.ref(torch.cat([ctx.low(d[0]) for d in data])).requires_grad_()
