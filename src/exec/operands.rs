@@ -1,45 +1,14 @@
 //! The operands of a call as the kernels read them: contiguous copies made once through
-//! the face where a kernel cannot read an operand in place ([`Operands`],
-//! [`contiguous`], [`contiguous_int32`]), `offs` values on the host ([`host_offs`]), and
-//! the output target ([`into_target`], [`check_out`]).
+//! the face where a kernel cannot read an operand in place ([`Operands`], over
+//! `vocab::contiguous`), `offs` values on the host ([`host_offs`]), and the output target
+//! ([`into_target`], [`check_out`]).
 
 use super::cuda;
 use super::vocab::{Device, IntTensor, Output, Runtime, Tensor};
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::layout::Layout;
 use crate::shape::{self, PackedDims};
 use std::fmt;
-
-/// `t`, or a contiguous copy of it (made by the face): the row ops read contiguous rows.
-pub(super) fn contiguous<R: Runtime>(rt: &mut R, t: &Tensor) -> Result<Tensor> {
-    if t.layout.is_contiguous() {
-        return Ok(t.clone());
-    }
-    let (ptr, layout) = rt.contiguous(t.id)?;
-    Ok(Tensor {
-        ptr,
-        layout,
-        transposed: false,
-        ..t.clone()
-    })
-}
-
-/// An index as the kernels read it: `i` when it is contiguous int32, else a contiguous
-/// int32 copy made by the face (one conversion for any other integer dtype).
-pub(super) fn contiguous_int32<R: Runtime>(rt: &mut R, i: &IntTensor) -> Result<IntTensor> {
-    let (ptr, layout) = match (i.int32, i.layout.is_contiguous()) {
-        (true, true) => return Ok(i.clone()),
-        (true, false) => rt.contiguous(i.id)?,
-        (false, _) => (rt.int32(i.id)?, Layout::contiguous(&i.layout.shape)),
-    };
-    Ok(IntTensor {
-        ptr,
-        layout,
-        int32: true,
-        ..i.clone()
-    })
-}
 
 /// `offs` values on the host (CPU calls), checked; CUDA calls never read them.
 ///

@@ -17,12 +17,10 @@
 //! once (the row op's host rule, [`shape::check_indices`]).
 
 use super::cuda;
-use super::operands::{
-    check_out, contiguous, contiguous_int32, host_offs, writes_in_place, Operands,
-};
+use super::operands::{check_out, host_offs, writes_in_place, Operands};
 use super::packed::run;
 use super::rows::gather_rows;
-use super::vocab::{Device, IntTensor, Output, Runtime, Tensor};
+use super::vocab::{contiguous, contiguous_int32, Device, IntTensor, Output, Runtime, Tensor};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::layout::Transposable;

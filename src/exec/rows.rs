@@ -11,8 +11,7 @@
 //! ([`Runtime::alloc_int64`]).
 
 use super::cuda;
-use super::operands::{contiguous, contiguous_int32};
-use super::vocab::{Device, IntTensor, Output, Runtime, Tensor};
+use super::vocab::{contiguous, contiguous_int32, Device, IntTensor, Output, Runtime, Tensor};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::shape::{self, RowPtrs, RowsDims};

@@ -216,3 +216,33 @@ pub trait Runtime {
 fn no_cuda_memory() -> Error {
     Error::Cuda("internal: this face lends no CUDA memory".into())
 }
+
+/// `t`, or a contiguous copy of it (made by the face): the row ops read contiguous rows.
+pub(super) fn contiguous<R: Runtime>(rt: &mut R, t: &Tensor) -> Result<Tensor> {
+    if t.layout.is_contiguous() {
+        return Ok(t.clone());
+    }
+    let (ptr, layout) = rt.contiguous(t.id)?;
+    Ok(Tensor {
+        ptr,
+        layout,
+        transposed: false,
+        ..t.clone()
+    })
+}
+
+/// An index as the kernels read it: `i` when it is contiguous int32, else a contiguous
+/// int32 copy made by the face (one conversion for any other integer dtype).
+pub(super) fn contiguous_int32<R: Runtime>(rt: &mut R, i: &IntTensor) -> Result<IntTensor> {
+    let (ptr, layout) = match (i.int32, i.layout.is_contiguous()) {
+        (true, true) => return Ok(i.clone()),
+        (true, false) => rt.contiguous(i.id)?,
+        (false, _) => (rt.int32(i.id)?, Layout::contiguous(&i.layout.shape)),
+    };
+    Ok(IntTensor {
+        ptr,
+        layout,
+        int32: true,
+        ..i.clone()
+    })
+}

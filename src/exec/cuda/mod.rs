@@ -167,7 +167,7 @@ pub(super) fn readable<R: Runtime>(rt: &mut R, t: &Tensor) -> Result<Tensor> {
 pub(super) fn row_major<R: Runtime>(rt: &mut R, t: &Tensor) -> Result<Tensor> {
     match operand(t) {
         Some(o) if !o.col_major => Ok(t.clone()),
-        _ => crate::exec::operands::contiguous(rt, t),
+        _ => super::vocab::contiguous(rt, t),
     }
 }
 
