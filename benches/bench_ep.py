@@ -177,10 +177,8 @@ the configs in benches/moe_configs.py.
 
 from __future__ import annotations
 
-import datetime
 import gc
 import os
-import socket
 import sys
 import time
 
@@ -189,6 +187,7 @@ import torch
 import torch.distributed as dist
 from cli import (  # benches/cli.py, same folder
     comma_list,
+    init_ranks,
     line_buffered_stdout,
     parser,
 )
@@ -279,12 +278,6 @@ def select_configs(arg: str) -> dict:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main(argv=None) -> int:
     line_buffered_stdout()
     args = parse_args(argv)
@@ -292,19 +285,7 @@ def main(argv=None) -> int:
         from_json(args, merge_docs, lambda doc: print(render_md(doc)), render_md)
         return 0
 
-    if "RANK" not in os.environ:  # a plain `python3 bench_ep.py`: one rank
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    timeout = datetime.timedelta(seconds=args.timeout_s)
-    if device == "cuda":
-        torch.cuda.set_device(local)
-        dev = torch.device("cuda", local)
-        dist.init_process_group("nccl", timeout=timeout, device_id=dev)
-    else:
-        dev = torch.device("cpu")
-        dist.init_process_group("gloo", timeout=timeout)
+    dev = init_ranks(args.device, args.timeout_s)  # a plain `python3 bench_ep.py`: one rank
     rank, W = dist.get_rank(), dist.get_world_size()
     code = 1
     try:

@@ -42,7 +42,6 @@ difference from torchtitan's. Outputs: lines, markdown (``--md``), JSON (``--jso
 from __future__ import annotations
 
 import copy
-import datetime
 import os
 import sys
 
@@ -50,7 +49,7 @@ import groupmm
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from cli import comma_list, line_buffered_stdout, parser  # benches/cli.py, same folder
+from cli import comma_list, init_ranks, line_buffered_stdout, parser  # benches/cli.py
 from ep_split import Clock  # benches/ep_split.py, same folder
 from report import dist_version, error_text, fmt, started, write_outputs
 from timing import rr_orders, spread
@@ -404,19 +403,8 @@ def render_md(doc) -> str:
 def main(argv=None) -> int:
     line_buffered_stdout()
     args = parse_args(argv)
-    if "RANK" not in os.environ:  # a plain `python3 bench_torchtitan.py`: one rank
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29533")
-    cuda = (args.device or ("cuda" if torch.cuda.is_available() else "cpu")) == "cuda"
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    timeout = datetime.timedelta(seconds=300)
-    if cuda:
-        torch.cuda.set_device(local)
-        dev = torch.device("cuda", local)
-        dist.init_process_group("nccl", timeout=timeout, device_id=dev)
-    else:
-        dev = torch.device("cpu")
-        dist.init_process_group("gloo", timeout=timeout)
+    dev = init_ranks(args.device, 300)  # a plain `python3 bench_torchtitan.py`: one rank
+    cuda = dev.type == "cuda"
     rank, W = dist.get_rank(), dist.get_world_size()
     args.attention = args.attention or ("flex" if cuda else "sdpa")
     args.tokens_per_gpu = args.tokens_per_gpu or (8192 if cuda else 64)

@@ -2,7 +2,8 @@
 as its help), the timer's flags (:func:`add_rr_args`, :func:`check_rr_args`; their values
 reach ``timing.round_robin`` through ``timing.rr_settings``), the outputs' flags
 (:func:`add_output_args`), comma lists (:func:`comma_list`, :func:`check_lists`), the
-``--budget-s`` rule (:func:`budget_spent`) and the no-GPU exit (:func:`no_cuda`).
+``--budget-s`` rule (:func:`budget_spent`), the no-GPU exit (:func:`no_cuda`) and the
+process group of the multi-GPU benches (:func:`init_ranks`).
 
     from cli import parser, ...  # benches/cli.py, same folder
 """
@@ -10,6 +11,9 @@ reach ``timing.round_robin`` through ``timing.rr_settings``), the outputs' flags
 from __future__ import annotations
 
 import argparse
+import datetime
+import os
+import socket
 import sys
 import time
 
@@ -130,3 +134,27 @@ def budget_spent(args, t_start: float, spec: str = "g"):
 def comma_list(arg: str) -> list:
     """The items of a comma list, stripped, empty ones left out."""
     return [t.strip() for t in arg.split(",") if t.strip()]
+
+
+def init_ranks(device, timeout_s: float) -> torch.device:
+    """``torch.distributed`` for a bench run under ``torchrun`` (one process per GPU):
+    NCCL on this process's GPU when ``device`` is "cuda" (None: "cuda" when there is
+    one), else gloo on the CPU; a plain ``python3 bench.py`` becomes a world of one on a
+    free local port. Returns this process's device."""
+    import torch.distributed as dist
+
+    if "RANK" not in os.environ:
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            os.environ.setdefault("MASTER_PORT", str(s.getsockname()[1]))
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if device == "cuda":
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        dev = torch.device("cuda", local)
+        dist.init_process_group("nccl", timeout=timeout, device_id=dev)
+        return dev
+    dist.init_process_group("gloo", timeout=timeout)
+    return torch.device("cpu")

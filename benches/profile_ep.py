@@ -39,14 +39,13 @@ its extension.
 
 from __future__ import annotations
 
-import datetime
 import gzip
 import json
 import os
 import sys
 import time
 
-from cli import line_buffered_stdout, parser  # benches/cli.py, same folder
+from cli import init_ranks, line_buffered_stdout, parser  # benches/cli.py, same folder
 from moe_configs import CONFIGS as MOE_CONFIGS  # benches/moe_configs.py, same folder
 
 #: the configs: benches/moe_configs.py's, and ``tiny`` for the CPU
@@ -217,16 +216,8 @@ def profile(args) -> int:
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile, schedule
 
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    cuda = (args.device or ("cuda" if torch.cuda.is_available() else "cpu")) == "cuda"
-    timeout = datetime.timedelta(seconds=120)
-    if cuda:
-        torch.cuda.set_device(local)
-        dev = torch.device("cuda", local)
-        dist.init_process_group("nccl", timeout=timeout, device_id=dev)
-    else:
-        dev = torch.device("cpu")
-        dist.init_process_group("gloo", timeout=timeout)
+    dev = init_ranks(args.device, 120)
+    cuda = dev.type == "cuda"
     dtype = torch.bfloat16 if cuda else torch.float32
     rank, W = dist.get_rank(), dist.get_world_size()
     d, f, E, k = CONFIGS[args.config]
