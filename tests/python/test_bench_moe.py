@@ -448,7 +448,7 @@ def test_estimate_is_a_budget_model(capsys):
 
 
 def test_md_shows_the_fused_host_time_bold_where_it_reaches_the_gpu_time():
-    """Issue 28's host-time column: the fused step's host ms beside its GPU ms, bold
+    """The host-time column: the fused step's host ms beside its GPU ms, bold
     where the host is not faster than the GPU (the GPU would wait for it)."""
     row = {
         "config": "qwen3-30b-a3b",
