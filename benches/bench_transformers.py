@@ -31,7 +31,10 @@ MoE-block output to grouped_mm's (same routing, bf16).
 ``--profile-host``: whether a step is host-bound. After its timings, each implementation
 runs ``--profile-steps`` more steps of each pass one at a time (the device idle at each
 step's start, so a step's host work is not hidden behind the previous step's kernels),
-and reports per step (median):
+and reports per step (median). The host times come first, for every configuration,
+and the profiled steps after them: once the profiler has attached CUPTI to the process,
+every later kernel launch costs more host time (on the H200 a step measured after a
+profiled one took up to 4 ms more host time), which would overstate the host's share.
 - ``host ms``: wall time from the step's call to its return, no sync inside (the time
   the host takes to issue the step; the backward's part runs on autograd's device
   thread and the call waits for it); ``cpu ms``: the CPU time of the calling thread in
@@ -237,16 +240,13 @@ def _direct_ops(events) -> int:
     return n
 
 
-def profile_host(step, device: str, steps: int) -> dict:
-    """Host and device time of one ``step()`` (module docstring, ``--profile-host``):
-    medians over ``steps`` steps, each started with the device idle."""
+def host_times(step, device: str, steps: int) -> dict:
+    """Host time of one ``step()`` (module docstring, ``--profile-host``): medians over
+    ``steps`` steps, each started with the device idle. Run before any profiler in the
+    process: once CUPTI has been attached, every later launch costs more host time."""
     import statistics
 
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile, record_function
-
-    cuda = device == "cuda"
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     for _ in range(2):
         step()
     host, cpu = [], []
@@ -256,6 +256,22 @@ def profile_host(step, device: str, steps: int) -> dict:
         step()
         host.append((time.perf_counter() - t0) * 1e3)
         cpu.append((time.thread_time() - c0) * 1e3)
+    sync()
+    return {"host_ms": statistics.median(host), "cpu_ms": statistics.median(cpu)}
+
+
+def device_profile(step, device: str, steps: int) -> dict:
+    """Device time, kernels and ops of one ``step()`` under ``torch.profiler`` (module
+    docstring, ``--profile-host``): medians over ``steps`` steps, each started with the
+    device idle."""
+    import statistics
+
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    cuda = device == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    step()
     sync()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as prof:
@@ -284,19 +300,42 @@ def profile_host(step, device: str, steps: int) -> dict:
         gpu.append(_union_ms(mine))
         gpu_sum.append(sum(b - a for a, b in mine) / 1e6)
         kernels.append(len(mine))
-    ops = _direct_ops(prof.events()) / max(len(marks), 1)
     med = statistics.median
-    out = {
-        "host_ms": med(host),
-        "cpu_ms": med(cpu),
+    return {
         "prof_host_ms": med(prof_host) if prof_host else None,
         "gpu_ms": med(gpu) if gpu else 0.0,
         "gpu_sum_ms": med(gpu_sum) if gpu_sum else 0.0,
         "kernels": med(kernels) if kernels else 0,
-        "ops": ops,
+        "ops": _direct_ops(prof.events()) / max(len(marks), 1),
     }
-    out["host_over_gpu"] = out["host_ms"] / out["gpu_ms"] if out["gpu_ms"] else None
-    return out
+
+
+def add_device_profiles(rows, configs, impls, device, dtype, args) -> None:
+    """``--profile-host``'s profiler half, after every host time of the run was taken
+    (:func:`host_times`): each row's device time per implementation, and host over GPU."""
+    for name, (cls_name, kwargs) in configs.items():
+        mine = [r for r in rows if r["config"] == name]
+        model = build_model(cls_name, kwargs, device, dtype, seed=0, layers=args.layers)
+        for tokens in sorted({r["T"] for r in mine}):
+            closures, _ = steps(model, tokens, device, dtype, seed=1)
+            for impl in impls:
+                here = [
+                    r for r in mine if r["T"] == tokens and isinstance(r["host"].get(impl), dict)
+                ]
+                if not here:
+                    continue
+                set_impl(model, impl)
+                for r in here:
+                    h = r["host"][impl]
+                    try:
+                        h.update(device_profile(closures[r["pass"]], device, args.profile_steps))
+                    except Exception as err:
+                        r["host"][impl] = short_error(err)
+                        continue
+                    h["host_over_gpu"] = h["host_ms"] / h["gpu_ms"] if h["gpu_ms"] else None
+        del model
+        if device == "cuda":
+            torch.cuda.empty_cache()
 
 
 def short_error(err: BaseException) -> str:
@@ -403,7 +442,7 @@ def main(argv=None) -> int:
                 set_impl(model, impl)
                 for p in passes:
                     try:
-                        host[p][impl] = profile_host(closures[p], device, args.profile_steps)
+                        host[p][impl] = host_times(closures[p], device, args.profile_steps)
                     except Exception as err:
                         host[p][impl] = short_error(err)
                 if device == "cuda":
@@ -420,6 +459,8 @@ def main(argv=None) -> int:
         del model
         if device == "cuda":
             torch.cuda.empty_cache()
+    if args.profile_host:
+        add_device_profiles(rows, configs, impls, device, dtype, args)
     env["seconds"] = round(time.perf_counter() - t_start, 1)
 
     print_table(rows, impls)
