@@ -45,7 +45,8 @@ pub fn cache_dir(out_dir: &Path) -> PathBuf {
 }
 
 /// The jobs for every `cuda/kernels/*.cu` (sm90 files first: the longest compiles start
-/// first; skipped without 90a) and every `cuda/device/*.cu`, each with its cache path.
+/// first; skipped without 90a; `*_dev.cu` only in a development build) and every
+/// `cuda/device/*.cu`, each with its cache path.
 pub fn jobs(cuda_dir: &Path, flags: &Flags, cuda: &Cuda, cache: &Path) -> Vec<Job> {
     let mut key_base = Fnv::new();
     key_base.add(cuda.nvcc_version.as_bytes());
@@ -59,7 +60,7 @@ pub fn jobs(cuda_dir: &Path, flags: &Flags, cuda: &Cuda, cache: &Path) -> Vec<Jo
     for src in sources {
         let name = stem(&src);
         let sm90_only = name.starts_with("sm90_");
-        if sm90_only && !flags.sm90a {
+        if (sm90_only && !flags.sm90a) || (name.ends_with("_dev") && !flags.dev_knobs) {
             continue;
         }
         let args = flags.for_file(sm90_only);

@@ -46,10 +46,13 @@ pub struct Flags {
     pub all_archs: Vec<String>,
     /// `GROUPMM_NVCC_FLAGS`, appended to every file's flags.
     pub extra: Vec<String>,
+    /// A development build (`GROUPMM_DEV_KNOBS=1`, main.rs): `-DGROUPMM_DEV_KNOBS=1` for
+    /// every file, and the `*_dev.cu` kernel files compiled.
+    pub dev_knobs: bool,
 }
 
 impl Flags {
-    pub fn new(archs: &[String], cutlass_inc: &Path, cuda_dir: &Path) -> Flags {
+    pub fn new(archs: &[String], cutlass_inc: &Path, cuda_dir: &Path, dev_knobs: bool) -> Flags {
         let sm90a = archs.iter().any(|a| a == "90a");
         let mut common: Vec<String> = [
             "-O3",
@@ -71,6 +74,9 @@ impl Flags {
         if sm90a {
             common.push("-DGROUPMM_SM90_TMA=1".into());
         }
+        if dev_knobs {
+            common.push("-DGROUPMM_DEV_KNOBS=1".into());
+        }
         let mut all_archs: Vec<String> = archs.iter().map(|a| gencode(a)).collect();
         // PTX of the lowest listed non-"a" arch, for GPUs newer than any listed.
         if let Some(a) = archs.iter().find(|a| !a.ends_with('a')) {
@@ -86,6 +92,7 @@ impl Flags {
             common,
             all_archs,
             extra,
+            dev_knobs,
         }
     }
 

@@ -44,6 +44,7 @@ pub fn archive(
     gen_dir: &Path,
     cuda: &Cuda,
     jobs: &[Job],
+    dev_knobs: bool,
 ) -> PathBuf {
     // The cxx bridge: generates groupmm/src/exec/ffi.rs.h (which the host code includes)
     // now, compiles its glue below. The bridge's extern block is `#[cfg(groupmm_cuda)]`, a
@@ -66,6 +67,9 @@ pub fn archive(
         .includes(&cuda.include_dirs)
         .cargo_metadata(false)
         .files(&host);
+    if dev_knobs {
+        lib.define("GROUPMM_DEV_KNOBS", "1");
+    }
     for j in jobs {
         lib.object(&j.obj);
     }

@@ -5,7 +5,11 @@
 //!   unset, CUDA is on when both nvcc and CUTLASS are found (`toolchain.rs`).
 //! - `GROUPMM_CUDA_ARCHS` (default `80;90a`): files named `sm90_*` compile for 90a only,
 //!   the others for every listed arch; `GROUPMM_NVCC_FLAGS`: extra nvcc flags (e.g.
-//!   `-Xptxas -v`), appended to every file (`flags.rs`).
+//!   `-Xptxas -v`), appended to every file (`flags.rs`);
+//! - `GROUPMM_DEV_KNOBS=1`: a development build for kernel tuning and its tests: the
+//!   `GROUPMM_SM90_*` environment overrides of `cuda/heuristics/` are read and the kernel
+//!   configurations only they reach (`cuda/kernels/*_dev.cu`) are compiled. A product build
+//!   (unset or 0) has neither; `groupmm.build_info()["dev_knobs"]` says which.
 //!
 //! Lists are written once, as files: nvcc compiles every `cuda/kernels/*.cu` and
 //! `cuda/device/*.cu`, one invocation each, through a cache (`compile.rs`); the host
@@ -27,6 +31,7 @@ const ENV_VARS: &[&str] = &[
     "GROUPMM_CUDA",
     "GROUPMM_CUDA_ARCHS",
     "GROUPMM_NVCC_FLAGS",
+    "GROUPMM_DEV_KNOBS",
     "NVCC",
     "CUDA_HOME",
     "CUDA_PATH",
@@ -40,6 +45,7 @@ const ENV_VARS: &[&str] = &[
 
 fn main() {
     println!("cargo::rustc-check-cfg=cfg(groupmm_cuda)");
+    println!("cargo::rustc-check-cfg=cfg(groupmm_dev_knobs)");
     println!("cargo:rerun-if-changed=build");
     for v in ENV_VARS {
         println!("cargo:rerun-if-env-changed={v}");
@@ -66,7 +72,7 @@ fn build_cuda(nvcc: &Path, cutlass_inc: &Path) {
     let cuda_dir = manifest.join("cuda");
     let archs = flags::archs_from_env();
     let cuda = toolchain::Cuda::probe(nvcc, cutlass_inc);
-    let flags = flags::Flags::new(&archs, cutlass_inc, &cuda_dir);
+    let flags = flags::Flags::new(&archs, cutlass_inc, &cuda_dir, dev_knobs());
 
     // Any change under cuda/ (a new kernel file too) reruns this script; unchanged nvcc
     // objects come from the cache.
@@ -76,17 +82,31 @@ fn build_cuda(nvcc: &Path, cutlass_inc: &Path) {
     compile::run_missing(nvcc, &jobs);
 
     let gen_dir = link::write_kernel_list(&out_dir, &cuda_dir, &jobs);
-    let cxx_inc = link::archive(&cuda_dir, &out_dir, &gen_dir, &cuda, &jobs);
+    let cxx_inc = link::archive(&cuda_dir, &out_dir, &gen_dir, &cuda, &jobs, flags.dev_knobs);
     link::emit_link_lines(&out_dir, &cuda.lib_dir);
     link::write_env_record(&cache, nvcc, &flags, &cxx_inc, &out_dir, &cuda.lib_dir);
 
     println!("cargo:rustc-cfg=groupmm_cuda");
+    if flags.dev_knobs {
+        println!("cargo:rustc-cfg=groupmm_dev_knobs");
+    }
     println!("cargo:rustc-env=GROUPMM_CUDA_ARCHS={}", archs.join(";"));
     println!(
         "cargo:rustc-env=GROUPMM_CUTLASS_VERSION={}",
         cuda.cutlass_version
     );
     println!("cargo:rustc-env=GROUPMM_CUDA_RUNTIME={}", cuda.runtime);
+}
+
+/// `GROUPMM_DEV_KNOBS`: 1 for a development build (module docs), unset or 0 for a product one.
+fn dev_knobs() -> bool {
+    match env::var("GROUPMM_DEV_KNOBS").ok().as_deref().map(str::trim) {
+        Some("1") => true,
+        Some("0") | Some("") | None => false,
+        Some(other) => fail(&format!(
+            "GROUPMM_DEV_KNOBS must be 0 or 1, found {other:?}"
+        )),
+    }
 }
 
 fn fail(msg: &str) -> ! {

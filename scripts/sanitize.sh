@@ -1,20 +1,18 @@
 #!/usr/bin/env bash
 # compute-sanitizer over groupmm's CUDA case list (tests/programs/sanitize_cases.py): memcheck,
-# racecheck, synccheck and initcheck, once per kernel path (groupmm's varlen kernels in the
-# heuristic's choice ("varlen") and in each forced configuration ("varlen-<config>" with
-# GROUPMM_SM90_VARLEN_CONFIG=<config>: pp128, co128, co192; "varlen" includes the gathering
-# varlen kernels, in-GEMM gathering being the default), the rows gathered first by the row
-# kernel with GROUPMM_SM90_GATHER=0 ("gather-first"), the ping-pong 128 x 128 SwiGLU kernel
-# with GROUPMM_SM90_SWIGLU=pp128 ("swiglu-pp128"; "varlen" runs the cooperative 128 x 256 one), the
-# gathered weight-gradient kernel's cooperative 128 x 192 configuration with
-# GROUPMM_SM90_GATHER_K=co192 ("gather-k-co192"; "varlen" runs the 128 x 256 one), the
-# ping-pong 128 x 128 DGated kernel on gathered rows with GROUPMM_SM90_DGATED=pp128
-# ("dgated-pp128"; "varlen" runs the cooperative 128 x 256 one), and
-# the CUTLASS ptr-array kernels in each sm90 tile configuration, which the case list's
-# shapes reach with GROUPMM_SM90_VARLEN=0 / GROUPMM_SM90_CONFIG), every form and dtype.
+# racecheck, synccheck and initcheck, once per kernel path. A product build has one: the
+# rule's kernels ("varlen": groupmm's varlen kernels, gathering rows inside the GEMM, and the
+# CUTLASS ptr-array kernels for the calls they serve). A development build
+# (GROUPMM_DEV_KNOBS=1 at build time: build/main.rs) also forces each other configuration
+# through the GROUPMM_SM90_* overrides (cuda/heuristics/choose.h): "varlen-<config>"
+# (GROUPMM_SM90_VARLEN_CONFIG: pp128, co128, co192), "gather-first" (rows gathered by the
+# row kernel first, GROUPMM_SM90_GATHER=0), "swiglu-pp128", "gather-k-co192",
+# "dgated-pp128", and the ptr-array kernels in each sm90 tile configuration for every call
+# ("128x256", "128x128", "ping64x128": GROUPMM_SM90_VARLEN=0 / GROUPMM_SM90_CONFIG), every
+# form and dtype. PATHS defaults to every path the installed build has.
 # Prints one summary line per tool and exits non-zero on any report (or a tool failure).
 #
-#   bash scripts/sanitize.sh                     # all tools, all paths
+#   bash scripts/sanitize.sh                     # all tools, every path of the build
 #   TOOLS="memcheck initcheck" PATHS=varlen bash scripts/sanitize.sh
 #
 # Every buffer is a fresh allocation (PYTORCH_NO_CUDA_MEMORY_CACHING=1), so initcheck sees
@@ -30,7 +28,15 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/sanitize}
 mkdir -p "$OUT"
 TOOLS=${TOOLS:-memcheck racecheck synccheck initcheck unwritten}
-PATHS=${PATHS:-varlen varlen-pp128 varlen-co128 varlen-co192 gather-first swiglu-pp128 gather-k-co192 dgated-pp128 128x256 128x128 ping64x128}
+DEV_PATHS="varlen-pp128 varlen-co128 varlen-co192 gather-first swiglu-pp128 gather-k-co192 dgated-pp128 128x256 128x128 ping64x128"
+dev=$(python3 -c 'import groupmm; print(int(bool(groupmm.build_info().get("dev_knobs"))))') || exit 2
+if [ "$dev" = 1 ]; then PATHS=${PATHS:-varlen $DEV_PATHS}; else PATHS=${PATHS:-varlen}; fi
+for path in $PATHS; do
+  if [ "$path" != varlen ] && [ "$dev" != 1 ]; then
+    echo "sanitize: path $path forces a kernel through GROUPMM_SM90_* overrides, which only a development build (GROUPMM_DEV_KNOBS=1) has" >&2
+    exit 2
+  fi
+done
 LIMIT=${SAN_TIMEOUT:-600}
 status=0
 for tool in $TOOLS; do

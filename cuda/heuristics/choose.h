@@ -1,13 +1,19 @@
 // The choice of kernels for a call: which engine, and for Hopper which kernel family and
 // configuration (varlen or ptr-array, tile, schedule, in-GEMM gather). One function per call
 // form, reading host-known values only (no device reads, no sync), so a launch plans once.
-// GROUPMM_SM90_* environment variables force any part of it (env.h; read once per process):
+// In a development build (GROUPMM_DEV_KNOBS=1, build/main.rs) GROUPMM_SM90_* environment
+// variables force any part of it (env.h; read once per process); a product build has none:
 //   GROUPMM_SM90_VARLEN         auto | 0 | 1   the varlen kernels never / whenever they can (auto:
 //   1) GROUPMM_SM90_VARLEN_CONFIG  auto | pp128 | pp192 | co128 | co192   varlen configuration
 //                               (where the build has it for the call's mode; else auto)
 //   GROUPMM_SM90_CONFIG         auto | 128x256 | 128x128 | ping64x128  ptr-array tile
 //   GROUPMM_SM90_GATHER         auto | 0 | 1   read routed rows through the index inside the
 //                               GEMM (auto: yes), every gathered product; 0: gather first
+//   GROUPMM_SM90_GATHER_K       auto | co256 | co192 | pp128   gathered varlen-K configuration
+//   GROUPMM_SM90_SWIGLU         auto | co256 | pp128   SwiGLU epilogue configuration
+//   GROUPMM_SM90_DGATED         auto | co256 | pp128   DGated epilogue on gathered rows
+// The configurations only these reach are compiled in development builds only
+// (kernels/sm90_*_varlen_dev.cu).
 // Host only.
 #pragma once
 #include "device/types.h"

@@ -261,7 +261,8 @@ PackedSubmit submit_packed(const PackedRequest& r, uint64_t workspace, size_t wo
         return out;
       }
     }
-    // In-GEMM gathering off (GROUPMM_SM90_GATHER=0, heuristics/choose.h): answer before
+    // In-GEMM gathering off (a development build's GROUPMM_SM90_GATHER=0,
+    // heuristics/choose.h): answer before
     // any device work, so that the caller's composed path plans the product once.
     if (r.fusion.src != 0 && !gather_in_gemm()) {
       out.status = Submitted::Unsupported;

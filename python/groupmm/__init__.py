@@ -32,7 +32,8 @@ else:
 
 def build_info() -> dict:
     """What this build holds: ``{"version", "cuda", "cuda_archs", "cuda_runtime",
-    "cutlass", ...}``."""
+    "cutlass", "dev_knobs", ...}`` (``dev_knobs``: a development build, whose
+    ``GROUPMM_SM90_*`` environment variables force kernel choices; never in a wheel)."""
     return dict(_native.build_info())
 
 

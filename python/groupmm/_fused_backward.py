@@ -147,8 +147,8 @@ def _gather_k_mm(
 
 def reads_in_gemm(t: Tensor) -> bool:
     """Whether the products on ``t``'s device and dtype read routed rows through ``src``
-    inside their GEMMs (``_native.gathers_in_gemm``: Hopper, 16-bit, unless
-    ``GROUPMM_SM90_GATHER=0``), so that no ``[R, ·]`` copy of the rows is made for them."""
+    inside their GEMMs (``_native.gathers_in_gemm``: Hopper, 16-bit; the extension
+    decides), so that no ``[R, ·]`` copy of the rows is made for them."""
     device = t.device
     return gathers_in_gemm(device.type, device.index, t.dtype)
 

@@ -54,6 +54,7 @@ class _BuildInfo(TypedDict):
     cuda_archs: List[str]
     cuda_runtime: Optional[str]
     cutlass: Optional[str]
+    dev_knobs: bool
     cpu_gemm: str
     cpu_threads: int
     abi3: bool

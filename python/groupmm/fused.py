@@ -39,7 +39,7 @@ as the down projection's backward is done):
   dSwiGLU against ``pre`` and the router-weight gradient as a per-row reduction; ``p`` is
   never stored), giving ``d_pre`` and ``act_s = scale·act``; then ``dw_out = act_sᵀ·dy``.
   Where the products read routed rows inside their GEMMs (``_fused_backward.reads_in_gemm``:
-  Hopper, 16-bit, the default; ``GROUPMM_SM90_GATHER=0`` turns it off) ``d_out`` is read
+  Hopper, 16-bit; the extension decides) ``d_out`` is read
   through ``src``; else its rows are gathered once (``dy = d_out[src]``). ``d_pre`` is
   written over ``pre`` (op ``groupmm::dgated_over_pre``) where nothing reads ``pre``
   again (:func:`expert_block`'s own ``pre``, no compiler tracing, ``retain_graph=False``);

@@ -242,7 +242,8 @@ pub(crate) mod bridge {
         /// Nothing was enqueued: an earlier call on the device met invalid `offs`.
         OffsPending = 2,
         /// Nothing was enqueued: no kernel for this device, dtype and layout does what the
-        /// request's `fusion` asks (or a `GROUPMM_SM90_*` override turned it off).
+        /// request's `fusion` asks (or a development build's `GROUPMM_SM90_*` override
+        /// turned it off).
         /// Compose it from plain products and row ops.
         Unsupported = 3,
         /// Nothing was enqueued: an earlier call on the device met a routed-row index
@@ -343,7 +344,8 @@ pub(crate) mod bridge {
         unsafe fn launch_rows(r: &RowsRequest) -> Result<()>;
 
         /// Whether products of `dtype` on `device` read routed rows through an index
-        /// inside the GEMM (the sm_90 kernels; `GROUPMM_SM90_GATHER=0` turns it off).
+        /// inside the GEMM (the sm_90 kernels; a development build's `GROUPMM_SM90_GATHER=0`
+        /// turns it off).
         fn gathers_in_gemm(device: i32, dtype: DType) -> Result<bool>;
 
         /// Reads and clears the device's deferred error flag (no sync).

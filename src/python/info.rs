@@ -54,11 +54,13 @@ pub(super) fn build_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
             d.set_item("cuda_archs", i.archs)?;
             d.set_item("cuda_runtime", i.cuda_runtime)?;
             d.set_item("cutlass", i.cutlass)?;
+            d.set_item("dev_knobs", i.dev_knobs)?;
         }
         None => {
             d.set_item("cuda_archs", PyList::empty(py))?;
             d.set_item("cuda_runtime", py.None())?;
             d.set_item("cutlass", py.None())?;
+            d.set_item("dev_knobs", false)?;
         }
     }
     d.set_item("cpu_gemm", "matrixmultiply")?;

@@ -136,7 +136,7 @@ def gathered(dev) -> int:
     around the 64-token k-block), the dgated product reading ``dy`` through ``src``, with
     repeated and out-of-range indices (reported through the deferred flag), and the SwiGLU
     up projection on gathered and packed rows; the gathering varlen kernels by default, the
-    row gather then the TMA kernels under GROUPMM_SM90_GATHER=0 (sanitize.sh's
+    row gather then the TMA kernels under a development build's GROUPMM_SM90_GATHER=0 (sanitize.sh's
     "gather-first" path); the up projection with gate and up as two weights."""
     n = 0
     for dtype in (torch.bfloat16, torch.float16):

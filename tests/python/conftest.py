@@ -296,10 +296,25 @@ class WallClockEvent:
         return max((other.t - self.t) * 1e3, 1e-6)
 
 
+def dev_override(name: str):
+    """The value of kernel-choice override ``name`` (``GROUPMM_SM90_*``) in effect: the
+    environment's in a development build (``GROUPMM_DEV_KNOBS=1``), else None (a product
+    build never reads them)."""
+    import groupmm
+
+    return os.environ.get(name) if groupmm.build_info().get("dev_knobs") else None
+
+
 def outputs_in_fresh_process(module: str, env: dict, path) -> list:
     """``module._outputs()`` (a test module of this folder) computed in a fresh Python
     process with ``env`` added to the environment, saved to ``path`` and loaded here: for
-    the kernel choices groupmm reads from the environment once per process."""
+    the kernel choices a development build reads from the environment once per process.
+    Skips in a product build, where those overrides and the kernels only they reach are
+    not compiled."""
+    import groupmm
+
+    if not groupmm.build_info().get("dev_knobs"):
+        pytest.skip("kernel-choice overrides need a development build (GROUPMM_DEV_KNOBS=1)")
     here = os.path.dirname(os.path.abspath(__file__))
     code = textwrap.dedent(
         f"""

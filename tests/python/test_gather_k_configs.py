@@ -5,7 +5,8 @@ widths not a multiple of 64, 192 or 256, an expert's tokens not a multiple of th
 64-token k-block, empty experts, one-token experts, tokens past ``offs[-1]``), with the
 gathered operand either side (``x[src]ᵀ·dH`` and ``actᵀ·dY[src]``), and bitwise against
 the cooperative 128 x 192 and ping-pong 128 x 128 kernels
-(``GROUPMM_SM90_GATHER_K=co192|pp128``, read once per process, so in a fresh one)."""
+(``GROUPMM_SM90_GATHER_K=co192|pp128`` in a fresh process of a development build, where
+those overrides and kernels exist)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 ``out[r] = x[src[r]] @ w[g]`` for the rows ``r`` of group ``g`` — the MoE forward on
 tokens in token order (``groupmm.fused.expert_up``). groupmm's varlen kernel can read the
 rows through ``src`` with cp.async (cuda/kernels/varlen/), on Hopper by default; elsewhere,
-on the CPU and with GROUPMM_SM90_GATHER=0, the rows are gathered first. Both against a
+on the CPU (and in a development build with GROUPMM_SM90_GATHER=0), the rows are gathered
+first. Both against a
 float64 reference written with torch indexing: group sizes at every residue modulo the
 128-row tile, K not a multiple of 64 (and not of 8: the gathering fallback), empty groups,
 rows past the last group, out-of-range indices (an error: at once on the CPU, at the next
@@ -12,12 +13,10 @@ NaN, CUDA-graph replays with new routing, bitwise determinism, and the errors.""
 
 from __future__ import annotations
 
-import os
-
 import groupmm
 import pytest
 import torch
-from conftest import DEVICES, HAS_CUDA, TOL
+from conftest import DEVICES, HAS_CUDA, TOL, dev_override
 from groupmm import _native
 from groupmm._fused_ops import reads_in_gemm
 
@@ -212,8 +211,7 @@ def test_many_groups_and_one_group():
 @needs_cuda
 def test_which_kernels_run_and_graph_replay():
     """The gathering varlen kernel alone (no gather_sum) on Hopper, the default;
-    gather-then-GEMM elsewhere and with GROUPMM_SM90_GATHER=0 (the device checks run this
-    file both ways)."""
+    gather-then-GEMM elsewhere and, in a development build, with GROUPMM_SM90_GATHER=0."""
     gen = torch.Generator().manual_seed(6)
     G, T, K, N, R = 8, 300, 128, 256, 1000
     x = torch.randn(T, K, generator=gen, dtype=F64).to("cuda", torch.bfloat16)
@@ -224,7 +222,7 @@ def test_which_kernels_run_and_graph_replay():
         _native.gather_mm(x, w, offs, src)
         torch.cuda.synchronize()
     names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    in_gemm = hopper() and os.environ.get("GROUPMM_SM90_GATHER") != "0"
+    in_gemm = hopper() and dev_override("GROUPMM_SM90_GATHER") != "0"
     assert any("gather_sum" in n for n in names) != in_gemm, names
     if in_gemm:
         assert any("varlen_kernel" in n for n in names), names
@@ -252,7 +250,8 @@ def test_gathers_in_gemm_by_device_and_dtype():
     """``_native.gathers_in_gemm``, which the fused layer asks before handing ``src`` to
     both products that read ``dY[src]`` (``_fused_ops.reads_in_gemm``): a dtype name it
     does not know is a TypeError naming the argument; without a GPU a RuntimeError; on a
-    GPU True exactly for the 16-bit dtypes on Hopper, unless GROUPMM_SM90_GATHER=0."""
+    GPU True exactly for the 16-bit dtypes on Hopper (unless a development build's
+    GROUPMM_SM90_GATHER=0)."""
     with pytest.raises(TypeError, match="dtype"):
         _native.gathers_in_gemm(0, "torch.int8")
     assert not reads_in_gemm(torch.zeros(2, dtype=torch.bfloat16))  # CPU tensors: never
@@ -260,7 +259,7 @@ def test_gathers_in_gemm_by_device_and_dtype():
         with pytest.raises(RuntimeError):
             _native.gathers_in_gemm(0, "torch.bfloat16")
         return
-    on = hopper() and os.environ.get("GROUPMM_SM90_GATHER") != "0"
+    on = hopper() and dev_override("GROUPMM_SM90_GATHER") != "0"
     dev = torch.cuda.current_device()
     for dt in (torch.bfloat16, torch.float16):
         assert _native.gathers_in_gemm(dev, str(dt)) == on

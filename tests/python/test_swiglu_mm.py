@@ -2,8 +2,8 @@
 128 x 256 kernel (the default) against a float64 reference at the residues of its tile
 (F not a multiple of 64 or 128, K not a multiple of the 64-wide k-block, empty experts,
 rows past ``offs[-1]``, both weight majors, rows read through ``src`` or packed), and
-bitwise against the ping-pong 128 x 128 kernel (``GROUPMM_SM90_SWIGLU=pp128``, read once
-per process, so in a fresh one)."""
+bitwise against the ping-pong 128 x 128 kernel (``GROUPMM_SM90_SWIGLU=pp128`` in a fresh
+process of a development build, where that override and kernel exist)."""
 
 from __future__ import annotations
 

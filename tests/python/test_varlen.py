@@ -11,12 +11,10 @@ determinism. On a Hopper GPU the profiler must show the varlen kernel doing the 
 Skipped without a GPU or a CUDA build of groupmm.
 """
 
-import os
-
 import groupmm
 import pytest
 import torch
-from conftest import CUDA_ONLY
+from conftest import CUDA_ONLY, dev_override
 
 pytestmark = CUDA_ONLY
 
@@ -91,7 +89,7 @@ def kernel_names(fn):
 def test_varlen_kernels_serve_fine_grained_shapes_on_hopper():
     if not hopper():
         pytest.skip("the varlen kernels are sm_90a only")
-    if os.environ.get("GROUPMM_SM90_VARLEN") == "0":
+    if dev_override("GROUPMM_SM90_VARLEN") == "0":
         pytest.skip("GROUPMM_SM90_VARLEN=0 sends every call to the ptr-array kernels")
     G, K, N = 16, 256, 192
     offs = ends([100] * G)

@@ -56,6 +56,10 @@ pub struct CudaBuildInfo {
     pub cuda_runtime: String,
     /// CUTLASS version of the headers the kernels were compiled with, e.g. `"4.2.0"`.
     pub cutlass: String,
+    /// A development build (`GROUPMM_DEV_KNOBS=1`, build/main.rs): the `GROUPMM_SM90_*`
+    /// overrides of `cuda/heuristics/` are read and the configurations only they reach are
+    /// compiled. False in a product build.
+    pub dev_knobs: bool,
 }
 
 /// What the CUDA part of this build holds; `None` when built without CUDA.
@@ -70,6 +74,7 @@ pub fn build_info() -> Option<CudaBuildInfo> {
                 .collect(),
             cuda_runtime: env!("GROUPMM_CUDA_RUNTIME").to_string(),
             cutlass: env!("GROUPMM_CUTLASS_VERSION").to_string(),
+            dev_knobs: cfg!(groupmm_dev_knobs),
         })
     }
     #[cfg(not(groupmm_cuda))]
@@ -77,7 +82,7 @@ pub fn build_info() -> Option<CudaBuildInfo> {
 }
 
 /// Whether products of `dtype` on `device` read the routed rows through `src` inside the
-/// GEMM (Hopper, 16-bit, unless `GROUPMM_SM90_GATHER=0`), so that a caller with two
+/// GEMM (Hopper, 16-bit; a development build's `GROUPMM_SM90_GATHER=0` turns it off), so that a caller with two
 /// products over the same gathered rows lets each read them rather than copying them once.
 /// A call whose operands these kernels cannot read still gathers first (one copy).
 pub fn gathers_in_gemm(device: i32, dtype: DType) -> Result<bool> {
