@@ -46,8 +46,9 @@ pub struct Flags {
     pub all_archs: Vec<String>,
     /// `GROUPMM_NVCC_FLAGS`, appended to every file's flags.
     pub extra: Vec<String>,
-    /// A development build (`GROUPMM_DEV_KNOBS=1`, main.rs): `-DGROUPMM_DEV_KNOBS=1` for
-    /// every file, and the `*_dev.cu` kernel files compiled.
+    /// A development build (`GROUPMM_DEV_KNOBS=1`, main.rs): the `*_dev.cu` kernel files
+    /// are compiled too. The nvcc flags stay those of a product build, so the two share
+    /// every other cached object; only the host code reads the define (link.rs).
     pub dev_knobs: bool,
 }
 
@@ -73,9 +74,6 @@ impl Flags {
         common.push(format!("-I{}", cuda_dir.display()));
         if sm90a {
             common.push("-DGROUPMM_SM90_TMA=1".into());
-        }
-        if dev_knobs {
-            common.push("-DGROUPMM_DEV_KNOBS=1".into());
         }
         let mut all_archs: Vec<String> = archs.iter().map(|a| gencode(a)).collect();
         // PTX of the lowest listed non-"a" arch, for GPUs newer than any listed.
