@@ -283,7 +283,7 @@ pub fn check_topk_cuda(d: &RowsDims) -> Result<()> {
 /// (`ia != ib`): the greater value, NaN greater than every number, equal values (NaNs
 /// among themselves; `-0.0 == 0.0`) the lower column. A strict total order on
 /// `(value, column)` pairs of distinct columns. The CUDA kernel's comparator
-/// (`topk_before`, `cuda/device/rows_kernels.cuh`) is this one.
+/// (`topk_before`, `cuda/device/rows_topk.cuh`) is this one.
 pub fn topk_before(a: f64, ia: usize, b: f64, ib: usize) -> bool {
     match (a.is_nan(), b.is_nan()) {
         (true, true) => ia < ib,
