@@ -1,9 +1,12 @@
 // The launchers of the row kernels of the MoE glue (what each op computes: rows.h; the
-// kernels: rows_kernels.cuh). The gathering kernels run over a grid of the blocks resident
-// at once; the elementwise ones (SwiGLU and its gradient) and RowDots over at most eight
-// blocks per SM; TopK over one warp per row (kThreads / 32 rows a block).
+// kernels, by family: rows_kernels.cuh, rows_routed.cuh, rows_topk.cuh). The gathering
+// kernels run over a grid of the blocks resident at once; the elementwise ones (SwiGLU and
+// its gradient) and RowDots over at most eight blocks per SM; TopK over one warp per row
+// (kThreads / 32 rows a block).
 #include "device/rows.h"
 #include "device/rows_kernels.cuh"
+#include "device/rows_routed.cuh"
+#include "device/rows_topk.cuh"
 
 #include <algorithm>
 #include <atomic>

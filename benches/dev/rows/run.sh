@@ -6,7 +6,7 @@
 #     OLD_ROWS_CU: an earlier rows.cu to compare with (e.g. `git show REV:cuda/device/rows.cu
 #     > old.cu`), run as the first variant, the reference of the check; "-" for none.
 #   VARIANTS="L4=-DGMM_ROWS_LOADS=4 L8=-DGMM_ROWS_LOADS=8" (default): builds of today's rows.cu,
-#   NAME=FLAG[,FLAG...] each (the GMM_ROWS_* knobs of the gathering kernels, rows_kernels.cuh).
+#   NAME=FLAG[,FLAG...] each (the GMM_ROWS_* knobs of the gathering kernels, rows_routed.cuh).
 #   NVCC_ARCH (default -gencode=arch=compute_90a,code=sm_90a), OUTDIR (default devbin/rows_dev)
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
