@@ -25,7 +25,7 @@ from typing import Callable, Dict, List, Optional
 import groupmm
 import torch
 import torch.nn.functional as F
-from timing import median_ms  # benches/timing.py, same folder
+from harness.timing import median_ms
 
 I32 = torch.int32
 

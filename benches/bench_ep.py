@@ -185,13 +185,7 @@ import time
 import groupmm
 import torch
 import torch.distributed as dist
-from cli import (  # benches/cli.py, same folder
-    comma_list,
-    init_ranks,
-    line_buffered_stdout,
-    parser,
-)
-from ep_report import (  # benches/ep_report.py, same folder
+from ep_report import (
     IMPLS,
     bandwidth_lines,
     describe,
@@ -199,16 +193,22 @@ from ep_report import (  # benches/ep_report.py, same folder
     merge_docs,
     render_md,
 )
-from ep_run import ROUTINGS, TT_IMPLS, ZIPF_S, agree, run_row  # benches/ep_run.py, same folder
-from ep_split import Clock, Split, install_split  # benches/ep_split.py, same folder
-from moe_configs import CONFIGS, MODELS  # benches/moe_configs.py, same folder
-from peer_torchtitan import load_torchtitan, torchtitan_version
-from report import (  # benches/report.py, same folder
+from ep_run import ROUTINGS, TT_IMPLS, ZIPF_S, agree, run_row
+from ep_split import Clock, Split, install_split
+from harness.cli import (
+    comma_list,
+    init_ranks,
+    line_buffered_stdout,
+    parser,
+)
+from harness.configs import CONFIGS, MODELS
+from harness.report import (
     error_text,
     from_json,
     started,
     write_outputs,
 )
+from peers.torchtitan import load_torchtitan, torchtitan_version
 
 #: the default configs (--configs), in the order they run (the heaviest last)
 DEFAULT_CONFIGS = ("qwen3-30b-a3b", "olmoe", "mixtral")

@@ -31,8 +31,8 @@ import torch
 from groupmm import _native
 from groupmm._glue import routes
 from groupmm.fused import expert_block
-from moe_configs import CONFIGS, routing, select_configs  # benches/, same folder
-from timing import round_robin
+from harness.configs import CONFIGS, routing, select_configs
+from harness.timing import round_robin
 
 
 def _weights(E, D, Fh, layout, gen):

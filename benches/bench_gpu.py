@@ -61,18 +61,9 @@ from __future__ import annotations
 import sys
 import time
 
-import gpu_shapes as shapes  # benches/gpu_shapes.py, same folder
+import gpu_shapes as shapes
 import torch
-from cli import (  # benches/cli.py, same folder
-    add_output_args,
-    add_rr_args,
-    budget_spent,
-    check_lists,
-    line_buffered_stdout,
-    no_cuda,
-    parser,
-)
-from gpu_report import (  # benches/gpu_report.py, same folder
+from gpu_report import (
     class_summary,
     describe_env,
     format_row,
@@ -81,17 +72,26 @@ from gpu_report import (  # benches/gpu_report.py, same folder
     render_png,
     upgrade,
 )
-from gpu_run import ceilings, host_cost, run_shape  # benches/gpu_run.py, same folder
-from peer_quack import load_quack, quack_host_cost  # benches/peer_quack.py, same folder
-from peer_torch import grouped_mm  # benches/peer_torch.py, same folder
-from report import (  # benches/report.py, same folder
+from gpu_run import ceilings, host_cost, run_shape
+from harness.cli import (
+    add_output_args,
+    add_rr_args,
+    budget_spent,
+    check_lists,
+    line_buffered_stdout,
+    no_cuda,
+    parser,
+)
+from harness.report import (
     from_json,
     one_file,
     record,
     run_doc,
     write_png,
 )
-from report import write_outputs as report_write
+from harness.report import write_outputs as report_write
+from peers.quack import load_quack, quack_host_cost
+from peers.torch import grouped_mm
 
 #: where the rows run (the CPU tests point it at the CPU)
 DEV = "cuda"

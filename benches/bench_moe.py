@@ -95,7 +95,8 @@ import time
 
 import groupmm
 import torch
-from cli import (  # benches/cli.py, same folder
+from groupmm.moe import MoELayer
+from harness.cli import (
     add_output_args,
     add_rr_args,
     budget_spent,
@@ -105,10 +106,17 @@ from cli import (  # benches/cli.py, same folder
     no_cuda,
     parser,
 )
-from groupmm.moe import MoELayer
-from moe_configs import CONFIGS, MODELS, PASSES, ROUTINGS, TINY, select_configs
-from moe_layers import run_row  # benches/moe_layers.py, same folder
-from moe_report import (  # benches/moe_report.py, same folder
+from harness.configs import CONFIGS, MODELS, PASSES, ROUTINGS, TINY, select_configs
+from harness.report import (
+    from_json,
+    record,
+    run_doc,
+    write_png,
+)
+from harness.report import write_outputs as report_write
+from harness.timing import calls_for, lead_for, rr_settings
+from moe_layers import run_row
+from moe_report import (
     IMPLS,
     describe_env,
     format_row,
@@ -120,15 +128,7 @@ from moe_report import (  # benches/moe_report.py, same folder
     summarize,
     upgrade_legacy,
 )
-from peer_sonicmoe import load_sonic, peer_versions, sonic_weights
-from report import (  # benches/report.py, same folder
-    from_json,
-    record,
-    run_doc,
-    write_png,
-)
-from report import write_outputs as report_write
-from timing import calls_for, lead_for, rr_settings
+from peers.sonicmoe import load_sonic, peer_versions, sonic_weights
 
 #: where the rows run (the CPU tests point it at the CPU)
 DEV = "cuda"

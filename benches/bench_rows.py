@@ -88,7 +88,7 @@ import time
 
 import groupmm
 import torch
-from cli import (  # benches/cli.py, same folder
+from harness.cli import (
     add_output_args,
     add_rr_args,
     budget_spent,
@@ -98,15 +98,16 @@ from cli import (  # benches/cli.py, same folder
     no_cuda,
     parser,
 )
-from report import (  # benches/report.py, same folder
+from harness.report import (
     error_text,
     fmt,
     from_json,
     record,
     run_doc,
 )
-from report import write_outputs as report_write
-from rows_ops import (  # benches/rows_ops.py, same folder
+from harness.report import write_outputs as report_write
+from harness.timing import calls_for, lead_for, round_robin, rr_settings
+from rows_ops import (
     DTYPES,
     OPS,
     Indices,
@@ -116,7 +117,7 @@ from rows_ops import (  # benches/rows_ops.py, same folder
     plan_rows,
     routing_indices,
 )
-from rows_report import (  # benches/rows_report.py, same folder
+from rows_report import (
     describe_env,
     format_row,
     make_row,
@@ -125,7 +126,6 @@ from rows_report import (  # benches/rows_report.py, same folder
     render_md,
     summarize,
 )
-from timing import calls_for, lead_for, round_robin, rr_settings
 
 #: where the rows run (the CPU tests point it at the CPU)
 DEV = "cuda"

@@ -49,10 +49,10 @@ import groupmm
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from cli import comma_list, init_ranks, line_buffered_stdout, parser  # benches/cli.py
-from ep_split import Clock  # benches/ep_split.py, same folder
-from report import dist_version, error_text, fmt, started, write_outputs
-from timing import rr_orders, spread
+from ep_split import Clock
+from harness.cli import comma_list, init_ranks, line_buffered_stdout, parser
+from harness.report import dist_version, error_text, fmt, started, write_outputs
+from harness.timing import rr_orders, spread
 
 #: d_model, moe hidden, experts, top-k, heads, kv heads, head dim
 CONFIGS = {

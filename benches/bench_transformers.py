@@ -61,7 +61,7 @@ import traceback
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
-from timing import median_ms  # noqa: E402  (benches/timing.py, same folder)
+from harness.timing import median_ms  # noqa: E402  (benches/timing.py, same folder)
 
 CONFIGS = {
     # name: (config class name, kwargs)

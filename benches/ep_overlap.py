@@ -38,9 +38,9 @@ import groupmm
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from cli import comma_list, line_buffered_stdout, parser  # benches/cli.py, same folder
-from moe_configs import CONFIGS  # benches/moe_configs.py, same folder
-from report import started  # benches/report.py, same folder
+from harness.cli import comma_list, line_buffered_stdout, parser
+from harness.configs import CONFIGS
+from harness.report import started
 
 VARIANTS = ("gemm", "a2a", "serial", "overlap")
 

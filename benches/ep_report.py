@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import statistics
 
-from ep_split import PHASES  # benches/ep_split.py, same folder
-from report import commands, fmt, md_head, merge_runs, no_figure_lines
-from timing import paired  # benches/timing.py, same folder
+from ep_split import PHASES
+from harness.report import commands, fmt, md_head, merge_runs, no_figure_lines
+from harness.timing import paired
 
 #: the implementations, in table order
 IMPLS = (

@@ -18,15 +18,15 @@ import groupmm.parallel as gpar
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from ep_report import LOCAL, check_lines, make_row  # benches/ep_report.py, same folder
-from ep_split import PHASES, phases_of  # benches/ep_split.py, same folder
+from ep_report import LOCAL, check_lines, make_row
+from ep_split import PHASES, phases_of
 from groupmm._glue import routes
 from groupmm.fused import expert_block
 from groupmm.moe import MoELayer, RouterOutput
-from peer_torchtitan import build_torchtitan, torchtitan_grads
-from report import error_text  # benches/report.py, same folder
-from report import rel_diff as rel_diff32  # float32; rel_diff below: float64 for fp64
-from timing import rr_orders  # benches/timing.py, same folder
+from harness.report import error_text
+from harness.report import rel_diff as rel_diff32  # float32; rel_diff below: float64 for fp64
+from harness.timing import rr_orders
+from peers.torchtitan import build_torchtitan, torchtitan_grads
 
 ROUTINGS = ("uniform", "skewed")
 #: Zipf exponent of the skewed routing's expert popularity (by global expert id)

@@ -10,8 +10,8 @@ torch, of the roofline; ``paired``: round by round) and why any has no figure;
 
 from __future__ import annotations
 
-from gpu_shapes import CLASS_TITLE, CLASSES, row_class  # benches/gpu_shapes.py, same folder
-from report import (  # benches/report.py, same folder
+from gpu_shapes import CLASS_TITLE, CLASSES, row_class
+from harness.report import (
     build_info_text,
     chart,
     commands,
@@ -23,7 +23,7 @@ from report import (  # benches/report.py, same folder
     timed_errors,
     timed_fields,
 )
-from timing import paired  # benches/timing.py, same folder
+from harness.timing import paired
 
 #: the command every result document's argv follows
 SCRIPT = "python3 benches/bench_gpu.py"

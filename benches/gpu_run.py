@@ -10,10 +10,10 @@ import math
 import time
 
 import torch
-from gpu_report import make_row  # benches/gpu_report.py, same folder
+from gpu_report import make_row
 from gpu_shapes import counts_for, nbytes_for, pass_mult, row_class
-from peer_quack import quack_candidates  # benches/peer_quack.py, same folder
-from timing import round_robin, rr_settings  # benches/timing.py, same folder
+from harness.timing import round_robin, rr_settings
+from peers.quack import quack_candidates
 
 _QUACK_FORMS_SEEN = set()
 
@@ -204,7 +204,7 @@ def run_shape(name, spec, T, routings, passes, dtype, args, ceil, torch_gmm, Q, 
 def host_cost(torch_gmm, n=2000):
     """Host (CPU) microseconds per call of a small packed forward and forward+backward."""
     import groupmm
-    from host_cost import per_call_us  # benches/host_cost.py, same folder
+    from host_cost import per_call_us
 
     dev = "cuda"
     E, K, N, T = 8, 128, 128, 256

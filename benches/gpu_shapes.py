@@ -9,9 +9,9 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-from cli import comma_list  # benches/cli.py, same folder
-from peer_quack import QUACK_CONFIGS  # benches/peer_quack.py, same folder
-from timing import calls_for, lead_for  # benches/timing.py, same folder
+from harness.cli import comma_list
+from harness.timing import calls_for, lead_for
+from peers.quack import QUACK_CONFIGS
 
 
 class Spec(NamedTuple):

@@ -15,12 +15,12 @@ import torch.nn.functional as F
 from groupmm._glue import routes
 from groupmm.fused import expert_block
 from groupmm.moe import MoELayer, permute, unpermute
-from moe_configs import routing  # benches/moe_configs.py, same folder
-from moe_report import make_row  # benches/moe_report.py, same folder
-from peer_sonicmoe import sonic_forward, to_groupmm_layout  # benches/peer_sonicmoe.py
-from peer_torch import TorchGmm, why_no_grouped_mm  # benches/peer_torch.py, same folder
-from report import error_text, rel_diff  # benches/report.py, same folder
-from timing import round_robin, rr_settings  # benches/timing.py, same folder
+from harness.configs import routing
+from harness.report import error_text, rel_diff
+from harness.timing import round_robin, rr_settings
+from moe_report import make_row
+from peers.sonicmoe import sonic_forward, to_groupmm_layout
+from peers.torch import TorchGmm, why_no_grouped_mm
 
 
 def _weights(layer: MoELayer, x, ids):

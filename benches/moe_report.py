@@ -10,8 +10,8 @@ the chart, :func:`merge_docs` and :func:`upgrade_legacy` what ``--from-json`` re
 
 from __future__ import annotations
 
-from moe_configs import PASSES  # benches/moe_configs.py, same folder
-from report import (  # benches/report.py, same folder
+from harness.configs import PASSES
+from harness.report import (
     build_info_text,
     chart,
     commands,
@@ -26,7 +26,7 @@ from report import (  # benches/report.py, same folder
     timed_fields,
     with_spread,
 )
-from timing import paired  # benches/timing.py, same folder
+from harness.timing import paired
 
 #: the columns, in the order of the tables; fused is the reference of every ratio
 IMPLS = ("fused", "groupmm", "torch-gmm", "plain", "sonicmoe")

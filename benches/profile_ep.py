@@ -45,8 +45,8 @@ import os
 import sys
 import time
 
-from cli import init_ranks, line_buffered_stdout, parser  # benches/cli.py, same folder
-from moe_configs import CONFIGS as MOE_CONFIGS  # benches/moe_configs.py, same folder
+from harness.cli import init_ranks, line_buffered_stdout, parser
+from harness.configs import CONFIGS as MOE_CONFIGS
 
 #: the configs: benches/moe_configs.py's, and ``tiny`` for the CPU
 TINY = {"tiny": (16, 32, 8, 2)}

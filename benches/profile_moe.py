@@ -42,14 +42,15 @@ import sys
 import time
 
 import groupmm
-import peer_sonicmoe as sonic  # benches/peer_sonicmoe.py, same folder
+import peers.sonicmoe as sonic
 import torch
-from cli import comma_list, line_buffered_stdout, parser  # benches/cli.py, same folder
 from groupmm.moe import MoELayer
-from moe_configs import CONFIGS, MODELS, ROUTINGS, select_configs
-from moe_layers import build_impls, row_inputs  # benches/moe_layers.py, same folder
-from moe_report import IMPLS  # benches/moe_report.py, same folder
-from profile_report import (  # benches/profile_report.py, same folder
+from harness.cli import comma_list, line_buffered_stdout, parser
+from harness.configs import CONFIGS, MODELS, ROUTINGS, select_configs
+from harness.report import error_text, from_json, one_file, started
+from moe_layers import build_impls, row_inputs
+from moe_report import IMPLS
+from profile_report import (
     KERNEL_PATTERNS,
     kernel_block,
     kernel_table,
@@ -58,7 +59,6 @@ from profile_report import (  # benches/profile_report.py, same folder
     summary_line,
     summary_lines,
 )
-from report import error_text, from_json, one_file, started  # benches/report.py, same folder
 
 #: where the rows run (the CPU tests point it at the CPU)
 DEV = "cuda"

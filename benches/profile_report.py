@@ -9,7 +9,7 @@ kernels per step at one (config, tokens) with their total and per-category sums;
 
 from __future__ import annotations
 
-from report import fmt  # benches/report.py, same folder
+from harness.report import fmt
 
 #: the categories, in the order of every sum and table
 CATEGORIES = ("gemm", "rows", "routing", "elementwise", "other")

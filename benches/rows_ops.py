@@ -12,7 +12,7 @@ from typing import NamedTuple
 import torch
 from groupmm._glue import routes
 from groupmm._rows import gather_sum, scatter_rows
-from report import rel_diff  # benches/report.py, same folder
+from harness.report import rel_diff
 
 OPS = ("combine", "sum", "gather", "scatter")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}

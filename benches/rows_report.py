@@ -9,7 +9,7 @@ markdown, :func:`merge_docs` what ``--from-json`` of several files reads.
 
 from __future__ import annotations
 
-from report import (  # benches/report.py, same folder
+from harness.report import (
     build_info_text,
     commands,
     differ,
@@ -23,8 +23,8 @@ from report import (  # benches/report.py, same folder
     timed_fields,
     with_spread,
 )
-from rows_ops import DTYPES, OPS, key, label  # benches/rows_ops.py, same folder
-from timing import paired  # benches/timing.py, same folder
+from harness.timing import paired
+from rows_ops import DTYPES, OPS, key, label
 
 #: the columns of a row's round-robin; copy is the reference of the fraction
 IMPLS = ("groupmm", "torch", "copy")

@@ -34,10 +34,10 @@ BENCHES = ROOT / "benches"
 F64 = torch.float64
 
 
-timing = load_bench("timing")
-report = load_bench("report")
-configs = load_bench("moe_configs")
-sonic = load_bench("peer_sonicmoe")
+timing = load_bench("harness.timing")
+report = load_bench("harness.report")
+configs = load_bench("harness.configs")
+sonic = load_bench("peers.sonicmoe")
 moe_report = load_bench("moe_report")
 bench = load_bench("bench_moe")
 

@@ -19,8 +19,8 @@ import pytest
 import torch
 from conftest import WallClockEvent, load_bench
 
-timing = load_bench("timing")
-report = load_bench("report")
+timing = load_bench("harness.timing")
+report = load_bench("harness.report")
 rows_ops = load_bench("rows_ops")
 rows_report = load_bench("rows_report")
 bench = load_bench("bench_rows")

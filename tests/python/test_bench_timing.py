@@ -17,8 +17,8 @@ import pytest
 import torch
 from conftest import WallClockEvent, load_bench
 
-timing = load_bench("timing")
-report = load_bench("report")
+timing = load_bench("harness.timing")
+report = load_bench("harness.report")
 shapes = load_bench("gpu_shapes")
 gpu_report = load_bench("gpu_report")
 gpu_run = load_bench("gpu_run")

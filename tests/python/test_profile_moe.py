@@ -12,8 +12,8 @@ import pytest
 import torch
 from conftest import load_bench
 
-configs = load_bench("moe_configs")
-sonic = load_bench("peer_sonicmoe")
+configs = load_bench("harness.configs")
+sonic = load_bench("peers.sonicmoe")
 prof_report = load_bench("profile_report")
 prof = load_bench("profile_moe")
 

@@ -14,7 +14,8 @@ Configs (d_model, d_ff, experts, top-k), selected by names and groups
 from __future__ import annotations
 
 import torch
-from cli import comma_list  # benches/cli.py, same folder
+
+from harness.cli import comma_list
 
 #: name -> (d_model, d_ff, experts, top_k); profile_moe.py and bench_ep.py unpack these four
 CONFIGS = {

@@ -5,7 +5,7 @@ reach ``timing.round_robin`` through ``timing.rr_settings``), the outputs' flags
 ``--budget-s`` rule (:func:`budget_spent`), the no-GPU exit (:func:`no_cuda`) and the
 process group of the multi-GPU benches (:func:`init_ranks`).
 
-    from cli import parser, ...  # benches/cli.py, same folder
+    from harness.cli import parser, ...
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 JSON and markdown, ``--from-json``, the summary figures and the chart's frame, the text
 of a failure. The command line they share is benches/cli.py's.
 
-    from report import write_outputs, ...  # benches/report.py, same folder
+    from harness.report import write_outputs, ...
 
 A result document (``doc``) is one JSON object: ``schema``, ``complete``, ``argv`` (or
 ``runs`` once several runs are merged), ``started``, the device and versions

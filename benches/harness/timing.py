@@ -1,6 +1,6 @@
 """The one timer of the benches.
 
-    from timing import median_ms, round_robin  # benches/timing.py, same folder
+    from harness.timing import median_ms, round_robin
 
 ``median_ms(fn, reps)``: median milliseconds of one callable (CUDA events around each call,
 or ``perf_counter`` on the CPU) — the step timer of bench_transformers and bench_cpu.
@@ -40,7 +40,8 @@ import statistics
 import time
 
 import torch
-from report import error_text  # benches/report.py, same folder
+
+from harness.report import error_text
 
 # ----------------------------------------------------------------------------------------
 # pure parts
