@@ -10,8 +10,8 @@ over bf16 measured on the same machine).
 import argparse
 import json
 
-from gpu_report import summary
 from harness.report import fmt
+from harness.report.gpu import summary
 
 
 def main():

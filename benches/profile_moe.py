@@ -44,12 +44,12 @@ import time
 import groupmm
 import peers.sonicmoe as sonic
 import torch
+from bench_moe import build_impls, row_inputs
 from groupmm.moe import MoELayer
 from harness.cli import comma_list, line_buffered_stdout, parser
 from harness.configs import CONFIGS, MODELS, ROUTINGS, select_configs
 from harness.report import error_text, from_json, one_file, started
-from moe_layers import build_impls, row_inputs
-from moe_report import IMPLS
+from harness.report.moe import IMPLS
 from profile_report import (
     KERNEL_PATTERNS,
     kernel_block,

@@ -274,8 +274,8 @@ def load_bench(name):
     if str(BENCHES) not in sys.path:
         sys.path.insert(0, str(BENCHES))
     mod = importlib.import_module(name)
-    want = BENCHES.joinpath(*name.split(".")).with_suffix(".py")
-    assert Path(mod.__file__) == want, f"{name} is not {want}: {mod}"
+    path = BENCHES.joinpath(*name.split("."))
+    assert Path(mod.__file__) in (path.with_suffix(".py"), path / "__init__.py"), mod
     return mod
 
 
