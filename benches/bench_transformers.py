@@ -1,52 +1,17 @@
-"""groupmm inside Hugging Face transformers: experts implementation "groupmm" vs
-transformers' own "grouped_mm" (torch's grouped GEMM), "eager" (a loop over experts)
-and "sonicmoe" (when it loads), in one process, on the same model and inputs.
+"""groupmm inside Hugging Face transformers: experts implementation "groupmm" against
+transformers' "grouped_mm", "eager" and "sonicmoe" (when it loads), same model and inputs.
 
     python benches/bench_transformers.py [--json out.json] [--reps 10] [--tokens 4096,16384]
     python benches/bench_transformers.py --device cpu --tiny      # a quick run anywhere
     python benches/bench_transformers.py --configs qwen3-30b-a3b --tokens 4096 --layers 2 \
         --profile-host --json out.json                            # host vs GPU time
 
-Models: ``--layers`` decoder layers (default 1; a 256-token vocabulary so that the
-embedding and head are negligible) with random weights of a Qwen3-30B-A3B-sized config
-(hidden 2048, moe_intermediate 768, 128 experts, top-8) and an OLMoE-sized one (hidden
-2048, intermediate 1024, 64 experts, top-8), bf16, batch 1 of T tokens. The ``moe``
-passes run the first layer's MoE block.
-
-Passes, per implementation:
-- ``layer fwd``: the whole decoder layer (attention included) under ``torch.no_grad``;
-- ``layer fwd+bwd``: forward with autograd and backward of a fixed random gradient of
-  the logits, parameter gradients set to None before each step;
-- ``moe fwd`` / ``moe fwd+bwd``: the same for the layer's MoE block alone (router and
-  experts), the part the implementations differ in.
-
-Times: milliseconds, median of ``--reps`` steps after ``--warmup`` steps, CUDA events
-around each step (steps issued back to back; ``time.perf_counter`` on CPU), the best of
-``--rounds`` rounds that each visit every implementation in turn. "eager" runs
-at the smallest T only (it is slow). A failing implementation is reported in the table
-and the JSON, and the run goes on. The last column is grouped_mm's time over groupmm's
-(> 1: groupmm faster); ``rel diff`` is the relative Frobenius difference of groupmm's
-MoE-block output to grouped_mm's (same routing, bf16).
-
-``--profile-host``: whether a step is host-bound. After its timings, each implementation
-runs ``--profile-steps`` more steps of each pass one at a time (the device idle at each
-step's start, so a step's host work is not hidden behind the previous step's kernels),
-and reports per step (median):
-- ``host ms``: wall time from the step's call to its return, no sync inside (the time
-  the host takes to issue the step; the backward's part runs on autograd's device
-  thread and the call waits for it); ``cpu ms``: the CPU time of the calling thread in
-  the same window (``time.thread_time``);
-- ``prof host ms``: the same window under ``torch.profiler`` (the profiler's own cost
-  included), ``ops``: the aten ops the step calls directly (not those inside another
-  op: the ones that each cost a dispatch from Python or autograd);
-- ``GPU ms``: the union of the device's kernel (and memcpy/memset) intervals of the step,
-  ``GPU sum``: their summed durations, ``kernels``: their number;
-- ``host/GPU``: host ms over GPU ms (> 1: the host is the bottleneck; a training loop
-  that queues steps back to back then runs at the host's pace).
-On the CPU (``--device cpu``) the GPU columns are 0. The JSON rows carry them under
-``"host"``.
-
-Runs on torch >= 2.9 with transformers >= 5.0 (5.17 on the GPU machine).
+Models of ``--layers`` decoder layers with random weights (Qwen3-30B-A3B-sized,
+OLMoE-sized). Passes: the whole layer and its MoE block alone, forward and forward +
+backward; median ms of ``--reps`` steps, the best of ``--rounds`` rounds. "eager" runs at
+the smallest T only. ``--profile-host``: per step the host's wall and CPU time, the
+profiled host time, the direct aten ops, the GPU's busy time and kernels, and host / GPU
+(> 1: the host is the bottleneck).
 """
 
 from __future__ import annotations

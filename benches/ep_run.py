@@ -18,13 +18,13 @@ import groupmm.parallel as gpar
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from ep_report import LOCAL, check_lines, make_row
-from ep_split import PHASES, phases_of
+from ep_split import phases_of
 from groupmm._glue import routes
 from groupmm.fused import expert_block
 from groupmm.moe import MoELayer, RouterOutput
 from harness.report import error_text
 from harness.report import rel_diff as rel_diff32  # float32; rel_diff below: float64 for fp64
+from harness.report.ep import LOCAL, PHASES, check_lines, make_row
 from harness.timing import rr_orders
 from peers.torchtitan import build_torchtitan, torchtitan_grads
 

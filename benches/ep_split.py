@@ -8,38 +8,12 @@ pass them (:class:`Split`, ``mark``), the phases of one step from its stamps
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import groupmm._fixed as gfixed
 import groupmm.moe as gmoe
 import groupmm.parallel as gpar
 import torch
-
-#: the phases of a step, in table order
-PHASES = ("dispatch", "experts", "combine")
-
-
-class Clock:
-    """Timestamps on the GPU timeline (CUDA events) or the host's (``perf_counter``: CPU
-    ops run on the calling thread)."""
-
-    def __init__(self, cuda: bool):
-        self.cuda = cuda
-
-    def stamp(self):
-        if self.cuda:
-            e = torch.cuda.Event(enable_timing=True)
-            e.record()
-            return e
-        return time.perf_counter()
-
-    def ms(self, a, b) -> float:
-        return a.elapsed_time(b) if self.cuda else (b - a) * 1e3
-
-    def sync(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize()
 
 
 def _ready(t):
@@ -72,7 +46,7 @@ class Split:
     forward/backward), ``f2``/``b2`` (expert output), ``f3`` (end of the forward), ``t1``
     (end of the backward). Outside ``begin() ... end()`` marks are plain identities."""
 
-    def __init__(self, clock: Clock, enabled: bool = True):
+    def __init__(self, clock, enabled: bool = True):
         self.clock, self.enabled, self.cur = clock, enabled, None
 
     def begin(self) -> None:

@@ -14,7 +14,7 @@ from conftest import load_bench
 
 configs = load_bench("harness.configs")
 sonic = load_bench("peers.sonicmoe")
-prof_report = load_bench("profile_report")
+prof_report = load_bench("harness.report.profile")
 prof = load_bench("profile_moe")
 
 # kernel names as torch.profiler shows them in a GPU profile; SonicMoE's quack
