@@ -34,19 +34,23 @@ import gc
 import os
 import sys
 import time
+from typing import Any
 
 import groupmm
+import groupmm._fixed as gfixed
+import groupmm.moe as gmoe
+import groupmm.parallel as gpar
 import torch
 import torch.distributed as dist
-from ep_run import ROUTINGS, TT_IMPLS, ZIPF_S, agree, run_row
-from ep_split import Split, install_split
+from ep_run import TT_IMPLS, agree, run_row
 from harness.cli import (
     comma_list,
     init_ranks,
     line_buffered_stdout,
     parser,
 )
-from harness.configs import CONFIGS, MODELS
+from harness.configs import CONFIGS, MODELS, ZIPF_S
+from harness.configs import EP_ROUTINGS as ROUTINGS
 from harness.report import (
     error_text,
     from_json,
@@ -72,6 +76,90 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
 
 # ----------------------------------------------------------------------------------------
 # main
+
+
+# ------------------------------------------------------------------------------ the split
+
+
+def _ready(t):
+    """A functional collective's result waited on (its wait is enqueued before a stamp)."""
+    wait = getattr(t, "trigger_wait", None)
+    return wait() if wait is not None else t
+
+
+class _Mark(torch.autograd.Function):
+    """Identity that stamps ``fwd`` when the forward passes it and ``bwd`` when the
+    gradient does."""
+
+    @staticmethod
+    def forward(ctx: Any, t, split, fwd: str, bwd: str):
+        ctx.split, ctx.bwd = split, bwd
+        r = _ready(t)
+        out = r.view(r.shape)
+        split.stamp(fwd)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad):
+        grad = _ready(grad)
+        ctx.split.stamp(ctx.bwd)
+        return grad, None, None, None
+
+
+class Split:
+    """The stamps of the step being timed: ``t0`` (start), ``f1``/``b1`` (received rows,
+    forward/backward), ``f2``/``b2`` (expert output), ``f3`` (end of the forward), ``t1``
+    (end of the backward). Outside ``begin() ... end()`` marks are plain identities."""
+
+    def __init__(self, clock, enabled: bool = True):
+        self.clock, self.enabled, self.cur = clock, enabled, None
+
+    def begin(self) -> None:
+        self.cur = {"t0": self.clock.stamp()}
+
+    def end(self) -> dict:
+        assert self.cur is not None
+        self.cur["t1"] = self.clock.stamp()
+        out, self.cur = self.cur, None
+        return out
+
+    def stamp(self, name: str) -> None:
+        if self.cur is not None:
+            self.cur[name] = self.clock.stamp()
+
+    def mark(self, t, fwd: str, bwd: str):
+        if self.cur is None or not self.enabled or not torch.is_tensor(t):
+            return t
+        return _Mark.apply(t, self, fwd, bwd)
+
+
+def install_split(split: Split) -> None:
+    """Put the local experts of both groupmm EP paths between the two marks: the
+    local-experts callable of ``groupmm.parallel.dispatch_combine`` (MoELayer's unfused EP
+    path) and ``groupmm.parallel._block`` (the fused one, ``expert_parallel_block``, with
+    exact and with fixed sizes alike: both call it between their exchanges)."""
+    real = gpar.dispatch_combine
+
+    def dispatch_combine(x, expert_ids, weights, num_local, experts, group=None):
+        def local(received, p):
+            y = experts(split.mark(received, "f1", "b1"), p)
+            return split.mark(y, "f2", "b2")
+
+        return real(x, expert_ids, weights, num_local, local, group)
+
+    gmoe.dispatch_combine = dispatch_combine  # MoELayer's unfused EP path, imported name
+
+    # the fused path (expert_parallel_block: one row per token and rank; exact or fixed
+    # sizes) runs its local experts as parallel._block, between its exchanges
+    real_block = gpar._block
+
+    def block(x, w_in, w_out, offs, src, inverse, weights, up=None):
+        x = split.mark(x, "f1", "b1")
+        y = real_block(x, w_in, w_out, offs, src, inverse, weights, up)
+        return split.mark(y, "f2", "b2")
+
+    gpar._block = block  # expert_parallel_block looks it up here (exact sizes)
+    gfixed._block = block  # and fixed_block here (fixed sizes)
 
 
 def parse_args(argv=None):

@@ -73,6 +73,26 @@ ROUTINGS = ("router", "uniform", "skewed")
 PASSES = ("fwd+bwd", "fwd")
 
 
+#: bench_ep.py's routings; Zipf exponent of the skewed one's expert popularity
+EP_ROUTINGS = ("uniform", "skewed")
+ZIPF_S = 1.0
+
+
+def make_routing(T: int, E: int, k: int, kind: str, gen: torch.Generator) -> tuple:
+    """``(ids [T, k] int64, weights [T, k] float64)``: each token's k experts distinct,
+    ``uniform`` or ``skewed`` (Zipf popularity 1/(e+1)^ZIPF_S over the expert id e, drawn
+    without replacement); weights the softmax of random logits."""
+    if kind == "uniform":
+        ids = torch.rand(T, E, generator=gen).topk(k, dim=1).indices
+    elif kind == "skewed":
+        p = 1.0 / torch.arange(1, E + 1, dtype=torch.float64) ** ZIPF_S
+        ids = torch.multinomial(p.expand(T, E), k, replacement=False, generator=gen)
+    else:
+        raise ValueError(f"routing: expected one of {EP_ROUTINGS}, found {kind!r}")
+    weights = torch.randn(T, k, generator=gen, dtype=torch.float64).softmax(-1)
+    return ids.long(), weights
+
+
 def select_configs(arg: str) -> list:
     """Config names from a comma list of names and groups, in CONFIGS order, each once."""
     want = set()

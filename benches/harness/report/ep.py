@@ -46,6 +46,22 @@ ALLTOALL = {
 }
 
 
+def phases_of(ms, st: dict, ep: bool = True) -> dict:
+    """One step's ``{"step", "dispatch", "experts", "combine"}`` ms from its stamps
+    (``ms(a, b)``: ms between two stamps); an EP step missing a boundary has only
+    ``step``; a non-EP step (``ep=False``) is all experts (no dispatch, no combine)."""
+    out = {"step": ms(st["t0"], st["t1"])}
+    if not ep:
+        out["experts"] = out["step"]
+        return out
+    if not all(k in st for k in ("f1", "f2", "f3", "b2", "b1")):
+        return out
+    out["dispatch"] = ms(st["t0"], st["f1"]) + ms(st["b1"], st["t1"])
+    out["experts"] = ms(st["f1"], st["f2"]) + ms(st["b2"], st["b1"])
+    out["combine"] = ms(st["f2"], st["f3"]) + ms(st["f3"], st["b2"])
+    return out
+
+
 def exchange_sizes(ins: list, outs: list, row_bytes: int) -> dict:
     """The rows and bytes of one EP step's exchanges on every rank (``ins[r]``: the rows
     rank r sends to each rank in the forward dispatch; ``outs[r]``: the rows it receives
