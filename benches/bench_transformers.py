@@ -26,7 +26,7 @@ import traceback
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
-from harness.timing import median_ms  # noqa: E402  (benches/timing.py, same folder)
+from harness.timing import median_ms  # noqa: E402
 
 CONFIGS = {
     # name: (config class name, kwargs)

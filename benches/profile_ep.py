@@ -23,7 +23,7 @@ import time
 from harness.cli import init_ranks, line_buffered_stdout, parser
 from harness.configs import CONFIGS as MOE_CONFIGS
 
-#: the configs: benches/moe_configs.py's, and ``tiny`` for the CPU
+#: the MoE configs, and ``tiny`` for the CPU
 TINY = {"tiny": (16, 32, 8, 2)}
 CONFIGS = {**MOE_CONFIGS, **TINY}
 
@@ -36,7 +36,7 @@ MARKED = ("plan_tokens", "plan_fixed", "_local_routes", "routes", "_block")
 
 def parse_args(argv=None):
     p = parser(__doc__)
-    p.add_argument("--config", default="mixtral", help="a name of benches/moe_configs.py")
+    p.add_argument("--config", default="mixtral", help="a config of harness/configs.py")
     p.add_argument("--tokens-per-gpu", type=int, default=16384)
     p.add_argument(
         "--capacity",

@@ -1,5 +1,5 @@
 """benches/profile_moe.py on the CPU: kernel categories, per-category sums, the row
-summaries, the markdown (benches/profile_report.py), argument parsing, and main()'s flow
+summaries, the markdown (benches/harness/report/profile.py), argument parsing, and main()'s flow
 with the profiler, CUDA and SonicMoE stood in for (the GPU run itself is the lead's)."""
 
 from __future__ import annotations

@@ -221,7 +221,7 @@ def render_md(doc: dict) -> str:
         "",
         "rest = routing + elementwise + other; gap = fused - SonicMoE (> 0: fused is "
         "behind), split as gemm + non-gemm. Categories: `KERNEL_PATTERNS` in "
-        "benches/profile_report.py.",
+        "benches/harness/report/profile.py.",
         "",
         "| config | T | impl | total ms | " + " | ".join(CATEGORIES) + " |",
         "| --- | ---: | --- | ---: | " + " | ".join(["---:"] * len(CATEGORIES)) + " |",
