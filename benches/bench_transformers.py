@@ -28,61 +28,28 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 from harness.timing import median_ms  # noqa: E402
 
-CONFIGS = {
-    # name: (config class name, kwargs)
-    "qwen3-30b-a3b": (
-        "Qwen3MoeConfig",
-        dict(
-            hidden_size=2048,
-            intermediate_size=6144,
-            moe_intermediate_size=768,
-            num_experts=128,
-            num_experts_per_tok=8,
-            num_attention_heads=32,
-            num_key_value_heads=4,
-            head_dim=128,
-            norm_topk_prob=True,
-        ),
-    ),
-    "olmoe-1b-7b": (
-        "OlmoeConfig",
-        dict(
-            hidden_size=2048,
-            intermediate_size=1024,
-            num_experts=64,
-            num_experts_per_tok=8,
-            num_attention_heads=16,
-            num_key_value_heads=16,
-        ),
-    ),
+#: name: (config class, hidden, intermediate, experts, top-k, heads, kv heads, extra kwargs)
+SIZES = {
+    "qwen3-30b-a3b": ("Qwen3MoeConfig", 2048, 6144, 128, 8, 32, 4),
+    "olmoe-1b-7b": ("OlmoeConfig", 2048, 1024, 64, 8, 16, 16),
+    "qwen3-tiny": ("Qwen3MoeConfig", 64, 128, 16, 4, 4, 2),
+    "olmoe-tiny": ("OlmoeConfig", 64, 48, 8, 4, 4, 4),
+}
+EXTRA = {
+    "qwen3-30b-a3b": dict(moe_intermediate_size=768, head_dim=128, norm_topk_prob=True),
+    "qwen3-tiny": dict(moe_intermediate_size=32, head_dim=16),
 }
 
-TINY = {
-    "qwen3-tiny": (
-        "Qwen3MoeConfig",
-        dict(
-            hidden_size=64,
-            intermediate_size=128,
-            moe_intermediate_size=32,
-            num_experts=16,
-            num_experts_per_tok=4,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=16,
-        ),
-    ),
-    "olmoe-tiny": (
-        "OlmoeConfig",
-        dict(
-            hidden_size=64,
-            intermediate_size=48,
-            num_experts=8,
-            num_experts_per_tok=4,
-            num_attention_heads=4,
-            num_key_value_heads=4,
-        ),
-    ),
-}
+
+def _config(name):
+    cls, hidden, inter, experts, k, heads, kv = SIZES[name]
+    kw = dict(hidden_size=hidden, intermediate_size=inter, num_experts=experts)
+    kw.update(num_experts_per_tok=k, num_attention_heads=heads, num_key_value_heads=kv)
+    return cls, {**kw, **EXTRA.get(name, {})}
+
+
+CONFIGS = {n: _config(n) for n in ("qwen3-30b-a3b", "olmoe-1b-7b")}
+TINY = {n: _config(n) for n in ("qwen3-tiny", "olmoe-tiny")}
 
 IMPLS = ["groupmm", "grouped_mm", "eager", "sonicmoe"]
 PASSES = ["layer fwd", "layer fwd+bwd", "moe fwd", "moe fwd+bwd"]
@@ -108,18 +75,6 @@ def build_model(
     return model.to(device=device, dtype=dtype)
 
 
-def moe_block(model):
-    layer = model.model.layers[0]
-    return layer.mlp
-
-
-def timer(device: str, reps: int, warmup: int):
-    def run(step) -> float:
-        return median_ms(step, reps, warmup, cuda=device == "cuda")
-
-    return run
-
-
 def set_impl(model, impl: str) -> None:
     if impl == "groupmm":
         from groupmm.integrations.transformers import enable
@@ -138,7 +93,7 @@ def steps(model, tokens: int, device: str, dtype: torch.dtype, seed: int):
     x_grad = x.clone().requires_grad_(True)
     go_logits = torch.randn(1, tokens, 256, generator=gen).to(device=device, dtype=dtype)
     go_x = torch.randn(1, tokens, hidden, generator=gen).to(device=device, dtype=dtype)
-    block = moe_block(model)
+    block = model.model.layers[0].mlp  # the first layer's MoE block
 
     def first(out):
         return out[0] if isinstance(out, tuple) else out
@@ -277,7 +232,6 @@ def main(argv=None) -> int:
     ap.add_argument("--configs", default=None, help="comma-separated config names")
     ap.add_argument("--impls", default=",".join(IMPLS))
     ap.add_argument("--passes", default=",".join(PASSES))
-    ap.add_argument("--eager-max-tokens", type=int, default=None, help="default: smallest T")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=2, help="best median over rounds")
@@ -305,10 +259,12 @@ def main(argv=None) -> int:
         configs = {k: v for k, v in {**CONFIGS, **TINY}.items() if k in args.configs.split(",")}
     default_tokens = "64,256" if args.tiny else "4096,16384"
     tokens_list = [int(t) for t in (args.tokens or default_tokens).split(",")]
-    eager_max = args.eager_max_tokens or min(tokens_list)
+    eager_max = min(tokens_list)  # eager (a loop over experts) is slow
     impls = args.impls.split(",")
     passes = args.passes.split(",")
-    run = timer(device, args.reps, args.warmup)
+
+    def run(step) -> float:
+        return median_ms(step, args.reps, args.warmup, cuda=device == "cuda")
 
     env = {
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
