@@ -1,19 +1,11 @@
 #!/usr/bin/env python
-"""CPU benchmark: groupmm against a loop of ``torch.mm`` (and torch's own
-``torch.nn.functional.grouped_mm`` when this torch has it on CPU), in the same run, on
-MoE-like shapes, float32 and bfloat16, forward and forward+backward.
+"""CPU benchmark: groupmm against a loop of ``torch.mm`` (and ``F.grouped_mm`` where this torch
+has it on the CPU) on MoE-like shapes, float32 and bfloat16, forward and forward+backward.
 
-    python benches/bench_cpu.py                 # full table
-    python benches/bench_cpu.py --quick         # fewer runs, smaller shapes
-    python benches/bench_cpu.py --json out.json
+    python benches/bench_cpu.py [--quick] [--json out.json]
 
-Each figure is the median of ``--runs`` timed runs (default 10) after ``--warmup`` runs.
-GFLOP/s counts the useful multiply-adds only (2·M·N·K per group; x3 for forward+backward).
-"ratio" is groupmm time / loop time (< 1: groupmm is faster).
-
-On a shared or oversubscribed machine torch's OpenMP threads busy-wait and the torch
-columns can be many times slower than the kernels are; ``OMP_WAIT_POLICY=PASSIVE`` gives
-figures closer to an idle machine (rayon threads, used by groupmm, sleep when idle).
+Median of ``--runs`` runs; "ratio" is groupmm time / loop time (< 1: groupmm faster).
+``OMP_WAIT_POLICY=PASSIVE`` keeps torch's threads from busy-waiting on a shared machine.
 """
 
 from __future__ import annotations
@@ -25,7 +17,7 @@ from typing import Callable, Dict, List, Optional
 import groupmm
 import torch
 import torch.nn.functional as F
-from timing import median_ms  # benches/timing.py, same folder
+from harness.timing import median_ms
 
 I32 = torch.int32
 

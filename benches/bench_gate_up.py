@@ -1,24 +1,12 @@
-"""The fused expert block with gate and up as two weights (``w_in=(gate, up)``) against the
-same block on one concatenated ``[gate | up]`` weight, and against concatenating the two
-every step (what an integration had to do before the pair): one process, round-robin.
+"""The fused expert block with gate and up as two weights against one concatenated
+``[gate | up]`` weight, and against concatenating the two every step; round-robin.
 
     python3 benches/bench_gate_up.py [--configs all|NAME,...] [--tokens 16384]
         [--layout torchtitan|packed] [--rounds 7] [--json out.json] [--md out.md]
 
-Per config (``benches/moe_configs.py``; bf16, uniform top-k routing, fixed ids):
-
-- ``up fwd``: the fused up projection alone (``_native.swiglu_mm``: gathered rows,
-  SwiGLU epilogue), the pair against the concatenated weight: the same kernel, so the
-  ratio should be 1.00;
-- ``block fwd+bwd``: ``groupmm.fused.expert_block`` forward and backward, three ways:
-  ``concat`` (one ``[E, D, 2F]`` weight, the reference), ``pair`` (two weights, no copy:
-  the input gradient as two products summed in one pass), ``cat/step`` (the pair
-  concatenated every step, its gradient split: the integration's old cost).
-
-``--layout torchtitan``: the weights as torchtitan stores them (``w1``/``w3`` ``[E, F, D]``,
-read through transposed views; the concatenated one ``[E, 2F, D]`` likewise); ``packed``:
-``[E, D, F]`` row-major. Timing: ``benches/timing.py``'s ``round_robin`` (warm-up, GPU
-time per call, implementations interleaved, the median and spread over rounds).
+Rows: ``up fwd`` (``_native.swiglu_mm``, pair vs concatenated: the same kernel) and
+``block fwd+bwd`` (``expert_block``: concat, pair, cat/step). ``--layout torchtitan``:
+``[E, F, D]`` weights read through transposed views; ``packed``: ``[E, D, F]``.
 """
 
 from __future__ import annotations
@@ -31,8 +19,8 @@ import torch
 from groupmm import _native
 from groupmm._glue import routes
 from groupmm.fused import expert_block
-from moe_configs import CONFIGS, routing, select_configs  # benches/, same folder
-from timing import round_robin
+from harness.configs import CONFIGS, routing, select_configs
+from harness.timing import round_robin
 
 
 def _weights(E, D, Fh, layout, gen):

@@ -1,69 +1,29 @@
-"""GPU benchmark: groupmm against torch.nn.functional.grouped_mm, quack (the grouped GEMM of
-SonicMoE, when installed), a loop of torch.mm and a dense torch.mm of the same FLOPs, with
-each row's roofline bound: every column measured in one process, row by row interleaved.
+"""Grouped GEMMs: groupmm against F.grouped_mm, quack (when installed), a loop of torch.mm
+and a dense torch.mm of the same FLOPs, with each row's roofline bound.
 
     python3 benches/bench_gpu.py [--shapes all|fine|decode|larger|legacy|NAME,...]
-        [--routing uniform,zipf12] [--passes fwd,dX,dW] [--rounds 7] [--select-rounds 3]
-        [--quick] [--no-quack] [--no-loop] [--graph] [--budget-s SECONDS]
-        [--json out.json] [--md out.md] [--png out.png]
-    python3 benches/bench_gpu.py --dry-run [...]     # the rows and a time estimate; no GPU
-    python3 benches/bench_gpu.py --from-json out.json [--md out.md] [--png out.png]
+        [--routing uniform,zipf12] [--passes fwd,dX,dW,fwd+bwd] [--rounds 7] [--quick]
+        [--no-quack] [--no-loop] [--isolated] [--budget-s S] [--json F] [--md F] [--png F]
+    python3 benches/bench_gpu.py --dry-run [...]       # the rows and a time estimate; no GPU
+    python3 benches/bench_gpu.py --from-json F.json [--md F] [--png F]   # render; no GPU
 
-Timing (benches/timing.py, ``round_robin``; the clocks of these GPUs drift by up to ~10 %
-within seconds): per row, the implementations run round-robin over --rounds rounds, the
-start rotating each round; a sample is CUDA events around N back-to-back calls (N chosen per
-implementation so a sample lasts ~--sample-ms, or fixed with --calls; --graph: one CUDA
-graph replay of the N calls where capture works), each sample preceded by the same GPU spin,
-long enough for the host to enqueue the sample, so every figure is GPU time (quack's
-Python planning included only if the GPU waited for it, which the spin prevents). Reported:
-the median per implementation and its spread (min-max over the rounds), and each ratio both
-as a ratio of medians and round by round (min-max of the per-round ratios). quack's
-configuration is chosen per row in a separate pass first (its default, 128x192 ping-pong in
-2x1 clusters, and the three forced ones of ../shared/PEERS.md: 128x128 ping-pong, 128x192
-ping-pong, 128x256 cooperative, all 1x1; the same round-robin, --select-rounds rounds), then
-only the chosen one is timed with the others: a max over four noisy configurations would
-favour quack by the noise. quack JIT-compiles each configuration once per compile key
-(dtype, operand majors, varlen mode; not the sizes), during the first shape.
-
-Passes: fwd (x @ w: [T, K] x [E, K, N]), dX (dy @ wᵀ), dW (xᵀ @ dy grouped along T, [E, K, N])
-and, with --passes, fwd+bwd through autograd (no quack or loop column). Up projections are
-x @ W_up with N = 2·d_ff (gate and up in one weight) unless the shape says otherwise; down
-projections K = d_ff, N = d. T is the number of routed rows (tokens x top-k).
-
-Routing: uniform; zipf12 (Zipf 1.2 over a fixed permutation, E/8 experts empty); skewed
-(Zipf 1.1, E/16 empty).
-
-Classes (the summary is per class): "decode" (serving batches: T = tokens x
-top-k of a few hundred rows, a handful per expert; bound by reading the weights), "fine"
-(fine-grained experts, at most 256 routed rows per expert on average), "larger" (more).
-
-Roofline: a row's time can be no lower than max(FLOPs / R, bytes / B), R the dense matmul
-rate and B the device-to-device copy bandwidth (bytes read plus written), both measured at
-the start of the same run (an 8192³ torch.mm; a 1 GiB copy); bytes are each operand read
-once and the output written once (x, the E·K·N weights and the output for fwd; dy, the
-weights and dX for dX; x, dy and the E·K·N gradient for dW). "of roofline" is bound time
-over measured time.
-
-Outputs: a line per row as it finishes (unbuffered), then the table and a summary per class
-(geomean and min of each ratio); --json (rewritten after every shape, so a run cut short keeps
-what ran), --md (the same table in markdown, also rewritten after every shape), --png
-(matplotlib, optional). Every output names the device, torch and CUDA versions, the quack
-version and groupmm's build_info. --from-json renders a JSON file's table, markdown and
-chart without a GPU.
-
-Code: shapes, routings and the plan in benches/gpu_shapes.py, the measurements in
-benches/gpu_run.py, rows, summaries and rendering in benches/gpu_report.py, quack's
-adapter in benches/peer_quack.py, F.grouped_mm's in benches/peer_torch.py.
+Passes: fwd (x @ w: [T, K] x [E, K, N]), dX (dy @ wᵀ), dW (xᵀ @ dy grouped along T) and
+fwd+bwd through autograd. Each row's implementations run round-robin (harness.timing);
+quack's configuration is chosen per row first (its default and three forced ones, over
+--select-rounds rounds), then only the chosen one is timed with the others. Roofline: a
+row's time is at least max(FLOPs / R, bytes / B), R and B the dense-mm rate and copy
+bandwidth measured at the start of the run; "of roofline" is bound time / measured time.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 
-import gpu_shapes as shapes  # benches/gpu_shapes.py, same folder
 import torch
-from cli import (  # benches/cli.py, same folder
+from harness import configs as shapes
+from harness.cli import (
     add_output_args,
     add_rr_args,
     budget_spent,
@@ -72,112 +32,265 @@ from cli import (  # benches/cli.py, same folder
     no_cuda,
     parser,
 )
-from gpu_report import (  # benches/gpu_report.py, same folder
+from harness.report import from_json, one_file, record, run_doc, write_outputs, write_png
+from harness.report.gpu import (
     class_summary,
     describe_env,
     format_row,
+    make_row,
     print_table,
     render_md,
     render_png,
-    upgrade,
 )
-from gpu_run import ceilings, host_cost, run_shape  # benches/gpu_run.py, same folder
-from peer_quack import load_quack, quack_host_cost  # benches/peer_quack.py, same folder
-from peer_torch import grouped_mm  # benches/peer_torch.py, same folder
-from report import (  # benches/report.py, same folder
-    from_json,
-    one_file,
-    record,
-    run_doc,
-    write_png,
-)
-from report import write_outputs as report_write
+from harness.timing import estimate_ms, round_robin, rr_settings
+from peers.quack import QUACK_CONFIGS, load_quack, quack_candidates, quack_host_cost
+from peers.torch import grouped_mm
 
 #: where the rows run (the CPU tests point it at the CPU)
 DEV = "cuda"
+#: --dry-run's model of an H200: dense rate, copy bandwidth, seconds of one quack JIT
+EST_RATE, EST_BW, EST_QUACK_JIT_S = 790e12, 4.3e12, 10.0
+_QUACK_FORMS_SEEN = set()
 
 
 def parse_args(argv=None):
     p = parser(__doc__)
     p.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
-    p.add_argument(
-        "--shapes",
-        default="all",
-        help="comma list of shape names and groups: all, legacy (the seven of the README), "
-        "fine, larger, decode (default all; --dry-run lists them)",
-    )
+    p.add_argument("--shapes", default="all", help="names and groups: all, legacy, fine, ...")
     p.add_argument("--routing", default="uniform,zipf12", help="uniform, zipf12, skewed")
     p.add_argument("--passes", default="fwd,dX,dW", help="fwd, dX, dW, fwd+bwd")
     notes = {"rounds": "(default 7; quick 3)", "sample_ms": "(default 3; quick 2)"}
-    add_rr_args(p, None, None, 3, None, reps=True, graph=True, notes=notes)
-    p.add_argument(
-        "--select-rounds", type=int, help="rounds of quack's selection pass (default 3; quick 1)"
-    )
-    p.add_argument("--no-lead", action="store_true", help="no GPU spin before each sample")
-    p.add_argument(
-        "--isolated",
-        action="store_true",
-        help="one call per sample, the host waiting for each (launch latency inside)",
-    )
-    p.add_argument("--no-quack", action="store_true", help="leave quack out even if installed")
+    add_rr_args(p, None, None, 3, None, notes=notes)
+    p.add_argument("--select-rounds", type=int, help="quack's selection (default 3; quick 1)")
+    p.add_argument("--isolated", action="store_true", help="one call per sample, host waits")
+    p.add_argument("--no-quack", action="store_true", help="leave quack out")
     p.add_argument("--no-loop", action="store_true", help="leave the loop of torch.mm out")
     p.add_argument("--quick", action="store_true", help="T/8 (not decode), fewer rounds")
     add_output_args(p, budget="shape", png=True, merge=False)
     args = p.parse_args(argv)
     q = args.quick
-    if args.rounds is None:
-        args.rounds = 3 if q else 7
-    if args.select_rounds is None:
-        args.select_rounds = 1 if q else 3
-    if args.sample_ms is None:
-        args.sample_ms = 2.0 if q else 3.0
-    if args.max_calls is None:
-        args.max_calls = 20 if q else 50
-    if args.calls is None:
-        args.calls = args.reps
+    for k, full, quick in (("rounds", 7, 3), ("select_rounds", 3, 1), ("sample_ms", 3.0, 2.0)):
+        if getattr(args, k) is None:
+            setattr(args, k, quick if q else full)
+    args.max_calls = args.max_calls or (20 if q else 50)
     if min(args.rounds, args.select_rounds, args.min_calls, args.max_calls) < 1:
         p.error("rounds and calls must be at least 1")
-    check_lists(p, (args.routing, shapes.ROUTINGS), (args.passes, shapes.PASSES))
+    check_lists(p, (args.routing, shapes.GEMM_ROUTINGS), (args.passes, shapes.GEMM_PASSES))
     return args
 
 
-def write_outputs(doc: dict, args) -> None:
-    """JSON and markdown of the result document (report.write_outputs)."""
-    report_write(doc, args.json, args.md, render_md)
+def nbytes_for(pname: str, E: int, K: int, N: int, T: int, es: int) -> int:
+    """Each operand read once, the output written once."""
+    b = {
+        "fwd": es * (T * K + E * K * N + T * N),
+        "dX": es * (T * N + E * K * N + T * K),
+        "dW": es * (T * K + T * N + E * K * N),
+    }
+    return sum(b.values()) if pname == "fwd+bwd" else b[pname]
+
+
+def pass_mult(pname: str) -> float:
+    return 3.0 if pname == "fwd+bwd" else 1.0
+
+
+def plan_rows(names, passes, routings, quick) -> list:
+    return [
+        (n, shapes.SPECS[n], shapes.effective_T(shapes.SPECS[n], quick), r, p)
+        for n in names
+        for r in routings
+        for p in passes
+    ]
+
+
+def estimate_s(plan, args, quack: bool) -> dict:
+    """A rough wall-time estimate of a plan on an H200 (a budget check, not a measurement)."""
+    gpu = host = 0.0
+    forms = set()
+    for _name, s, T, _routing, p in plan:
+        flops = pass_mult(p) * 2.0 * T * s.K * s.N
+        t = max(flops / (0.6 * EST_RATE), nbytes_for(p, s.E, s.K, s.N, T, 2) / (0.75 * EST_BW))
+        ms = {"groupmm": t * 1e3, "torch": t * 1e3, "dense": flops / (0.85 * EST_RATE) * 1e3}
+        hs = {"groupmm": 0.03, "torch": 0.03, "dense": 0.01}
+        if not args.no_loop and p != "fwd+bwd":
+            ms["loop"], hs["loop"] = max(1.5 * t * 1e3, s.E * 0.006), s.E * 0.008
+        if quack and p != "fwd+bwd":
+            ms["quack"], hs["quack"] = t * 1e3, 0.1
+            forms.add(p)
+            sel = {c: t * 1e3 for c in QUACK_CONFIGS}
+            gpu += (
+                estimate_ms(sel, dict.fromkeys(sel, 0.1), args) * args.select_rounds / args.rounds
+            )
+        gpu += estimate_ms(ms, hs, args)
+        host += 0.2 + 0.002 * len(ms) * args.rounds
+    jit = len(forms) * len(QUACK_CONFIGS) * EST_QUACK_JIT_S
+    total = gpu / 1e3 + host + jit + 10 + 0.5 * len({n for n, *_ in plan})
+    return {"rows": len(plan), "gpu_s": gpu / 1e3, "host_s": host, "jit_s": jit, "total_s": total}
 
 
 def dry_run(plan, names, args) -> int:
-    """--dry-run: the rows and a rough estimate of the wall time; no GPU."""
     for name, s, T, routing, p in plan:
         print(
             f"{name:19} {shapes.row_class(s.E, T, s.decode):6} {routing:7} {p:7} E={s.E:<3} "
             f"K={s.K:<5} N={s.N:<5} T={T:<6} rows/expert {T / s.E:7.1f}  {s.model}, {s.proj}"
         )
-    est = shapes.estimate_s(plan, args, quack=not args.no_quack)
+    est = estimate_s(plan, args, quack=not args.no_quack)
     print(
         f"{est['rows']} rows over {len(names)} shapes; estimated wall on an H200 "
         f"~{est['total_s']:.0f} s (samples and warm-ups ~{est['gpu_s']:.0f} s, quack JIT "
-        f"~{est['jit_s']:.0f} s at an assumed {shapes.EST_QUACK_JIT_S:.0f} s per "
-        f"configuration and pass form; a rough model, not a measurement)"
+        f"~{est['jit_s']:.0f} s at an assumed {EST_QUACK_JIT_S:.0f} s per configuration and "
+        "pass form; a rough model, not a measurement)"
     )
     return 0
+
+
+def ceilings(dtype, args) -> dict:
+    """This GPU's dense matmul rate (FLOP/s) and copy bandwidth (bytes/s), round-robin."""
+    a, b = (torch.randn(8192, 8192, device="cuda", dtype=dtype) for _ in range(2))
+    src = torch.empty(1 << 30, device="cuda", dtype=torch.uint8).random_()
+    dst = torch.empty_like(src)
+    rr = {**rr_settings(args), "rounds": max(3, args.rounds), "calls": None, "warmup": 2}
+    res, _ = round_robin({"mm": lambda: torch.mm(a, b), "copy": lambda: dst.copy_(src)}, **rr)
+    out = {}
+    for key, r, work in (
+        ("dense_flops", res["mm"], 2.0 * 8192**3),
+        ("copy_bytes_per_s", res["copy"], 2.0 * (1 << 30)),
+    ):
+        out[key] = work / (r["ms"] * 1e-3)
+        out[key + "_range"] = [work / (r["max"] * 1e-3), work / (r["min"] * 1e-3)]
+    return out
+
+
+def run_shape(name, spec, T, routings, passes, dtype, args, ceil, torch_gmm, Q, on_row, dev="cuda"):
+    """Every (routing, pass) row of one shape; ``on_row(row)`` as each finishes."""
+    import groupmm
+
+    E, K, N = spec.E, spec.K, spec.N
+    torch.manual_seed(0)
+    x = torch.randn(T, K, device=dev, dtype=dtype)
+    w = torch.randn(E, K, N, device=dev, dtype=dtype) / math.sqrt(K)
+    dy = torch.randn(T, N, device=dev, dtype=dtype)
+    wd = torch.randn(K, N, device=dev, dtype=dtype)
+    wt = w.transpose(-2, -1)
+    gmm, rows = groupmm.grouped_mm, []
+    rr = {**rr_settings(args), "isolated": args.isolated}
+    for routing in routings:
+        offs = torch.tensor(shapes.counts_for(E, T, routing), device=dev).cumsum(0).int()
+        cu = torch.cat([offs.new_zeros(1), offs])  # quack's E+1 boundaries
+        bounds = [0, *offs.tolist()]
+
+        def fb(f, offs=offs):
+            xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+
+            def run():
+                xg.grad = wg.grad = None
+                f(xg, wg, offs=offs).backward(dy)
+
+            return run
+
+        forms = {"fwd": (x, w, wd, "m", (T, N)), "dX": (dy, wt, wd.t(), "m", (T, K))}
+        forms["dW"] = (x.t(), dy, dy, "k", (E, K, N))  # a, b, dense's b, quack's form
+
+        def loop(a, b, shape, dw, bounds=bounds):  # a loop of torch.mm over the groups
+            out = torch.empty(shape, device=dev, dtype=dtype)
+            for g, (s, e) in enumerate(zip(bounds, bounds[1:])):
+                if dw:
+                    torch.mm(a[:, s:e], b[s:e], out=out[g])
+                elif e > s:
+                    torch.mm(a[s:e], b[g], out=out[s:e])
+            return out
+
+        for pname in passes:
+            errors = {} if torch_gmm else {"torch": "no F.grouped_mm in this torch"}
+            if pname == "fwd+bwd":
+                impls = {"groupmm": fb(gmm), "torch": fb(torch_gmm) if torch_gmm else None}
+                impls["dense"] = lambda: (
+                    torch.mm(x, wd),
+                    torch.mm(dy, wd.t()),
+                    torch.mm(x.t(), dy),
+                )
+                errors["quack"] = "no autograd op"
+            else:
+                a, b, bd, kind, oshape = forms[pname]
+                dw = len(oshape) == 3
+                impls = {"groupmm": lambda a=a, b=b, o=offs: gmm(a, b, offs=o)}
+                impls["torch"] = torch_gmm and (lambda a=a, b=b, o=offs: torch_gmm(a, b, offs=o))
+                impls["loop"] = (
+                    None if args.no_loop else (lambda a=a, b=b, s=oshape, dw=dw: loop(a, b, s, dw))
+                )
+                impls["dense"] = lambda a=a, bd=bd: torch.mm(a, bd)
+            quack = None
+            if Q and pname != "fwd+bwd":
+                cands = quack_candidates(Q, a, b, kind, cu, oshape)
+                if (pname, dtype) not in _QUACK_FORMS_SEEN:
+                    _QUACK_FORMS_SEEN.add((pname, dtype))
+                    print(f"   quack {pname}: first use, JIT-compiling {len(cands)} configurations")
+                t0 = time.perf_counter()
+                sel, _ = round_robin(cands, **{**rr, "rounds": args.select_rounds})
+                ok = {k: v["ms"] for k, v in sel.items() if v.get("ms")}
+                quack = {
+                    "config": min(ok, key=ok.get) if ok else None,
+                    "select": {k: v["ms"] or v.get("error") for k, v in sel.items()},
+                    "select_s": time.perf_counter() - t0,
+                }
+                if ok:
+                    impls["quack"] = cands[quack["config"]]
+                else:
+                    errors["quack"] = "; ".join(f"{k}: {v.get('error')}" for k, v in sel.items())
+            elif pname != "fwd+bwd":
+                errors["quack"] = "not measured"
+            timed, meta = round_robin(impls, **rr)
+            flops = pass_mult(pname) * 2.0 * T * K * N
+            nb = nbytes_for(pname, E, K, N, T, x.element_size())
+            bound_ms = max(flops / ceil["dense_flops"], nb / ceil["copy_bytes_per_s"]) * 1e3
+            base = {"shape": name, "model": spec.model, "proj": spec.proj, "E": E, "K": K, "N": N}
+            base.update(T=T, tokens=spec.tokens if T == spec.T else None, topk=spec.topk)
+            base.update(rows_per_group=T / E, **{"class": shapes.row_class(E, T, spec.decode)})
+            base.update(routing=routing, dtype=str(dtype).replace("torch.", ""), bytes=nb)
+            base.update({"pass": pname, "lead_ms": meta["lead_ms"]})
+            row = make_row(base, timed, bound_ms, flops, quack)
+            for k, v in errors.items():
+                row["errors"].setdefault(k, v)
+            if quack:
+                row["quack_select_s"] = quack["select_s"]
+            rows.append(row)
+            on_row(row)
+    return rows
+
+
+def host_cost(torch_gmm, n=2000):
+    """Host µs per call of a small packed forward and forward+backward."""
+    import groupmm
+    from host_cost import per_call_us
+
+    E, K, N, T = 8, 128, 128, 256
+    x = torch.randn(T, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(E, K, N, device="cuda", dtype=torch.bfloat16)
+    gy = torch.randn(T, N, device="cuda", dtype=torch.bfloat16)
+    offs = torch.tensor([T // E] * E, device="cuda").cumsum(0).int()
+    xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+    fns = {
+        "groupmm fwd": lambda: groupmm.grouped_mm(x, w, offs=offs),
+        "torch.mm fwd": lambda: torch.mm(x, w[0]),
+        "groupmm fwd+bwd": lambda: groupmm.grouped_mm(xg, wg, offs=offs).backward(gy),
+    }
+    if torch_gmm:
+        fns["F.grouped_mm fwd"] = lambda: torch_gmm(x, w, offs=offs)
+        fns["F.grouped_mm fwd+bwd"] = lambda: torch_gmm(xg, wg, offs=offs).backward(gy)
+    return {k: per_call_us(f, n) for k, f in fns.items()}
 
 
 def main(argv=None):
     line_buffered_stdout()
     args = parse_args(argv)
     if args.from_json:
-        doc = from_json(args, one_file, print_table, render_md, upgrade)
+        doc = from_json(args, one_file, print_table, render_md)
         write_png(render_png, doc, args.png)
         return 0
-
     names = shapes.select_shapes(args.shapes)
-    routings = args.routing.split(",")
-    passes = args.passes.split(",")
-    plan = shapes.plan_rows(names, passes, routings, args.quick)
+    routings, passes = args.routing.split(","), args.passes.split(",")
+    plan = plan_rows(names, passes, routings, args.quick)
     if args.dry_run:
         return dry_run(plan, names, args)
-
     import groupmm
 
     if no_cuda():
@@ -194,42 +307,31 @@ def main(argv=None):
         quack_why=why,
         groupmm=groupmm.build_info(),
         dtype=args.dtype,
-        timer={
-            "rounds": args.rounds,
-            "select_rounds": args.select_rounds,
-            "sample_ms": args.sample_ms,
-            "calls": args.calls,
-            "min_calls": args.min_calls,
-            "max_calls": args.max_calls,
-            "graph": args.graph,
-            "lead": not args.no_lead,
-            "isolated": args.isolated,
-        },
+        timer={**rr_settings(args), "select_rounds": args.select_rounds, "isolated": args.isolated},
         rows=[],
         skipped=[],
     )
-    for ln in describe_env(doc)[:2]:
-        print(ln)
+    env = describe_env(doc)
+    print("\n".join(env[:2]))
     doc["ceilings"] = ceilings(dtype, args)
     torch.cuda.empty_cache()
-    for ln in describe_env(doc)[2:]:
-        print(ln)
-    n_rows = len(plan)
+    print("\n".join(describe_env(doc)[2:]))
+
+    def write(d):
+        write_outputs(d, args.json, args.md, render_md)
 
     def on_row(row):
         doc["rows"].append(row)
         doc["elapsed_s"] = time.perf_counter() - t_start
-        write_outputs(doc, args)  # after every row: a run cut short keeps what ran
-        el = time.perf_counter() - t_start
-        print(f"[{len(doc['rows']):3}/{n_rows} {el:5.0f}s] " + format_row(row))
+        write(doc)
+        print(f"[{len(doc['rows']):3}/{len(plan)} {doc['elapsed_s']:5.0f}s] " + format_row(row))
         for who, err in row["errors"].items():
             if who in ("groupmm", "torch") or (who == "quack" and row.get("quack_select")):
                 print(f"      {who}: {err}")
 
     for name in names:
-        spent = budget_spent(args, t_start, ".0f")
-        if spent:
-            doc["skipped"].append({"shape": name, "why": spent})
+        if budget_spent(args, t_start, ".0f"):
+            doc["skipped"].append({"shape": name, "why": budget_spent(args, t_start, ".0f")})
             print(f"skip {name}: budget of {args.budget_s:.0f} s spent")
             continue
         s = shapes.SPECS[name]
@@ -240,38 +342,23 @@ def main(argv=None):
             f"{shapes.row_class(s.E, T, s.decode)}; {s.model}, {s.proj})"
         )
         try:
-            run_shape(
-                name,
-                s,
-                T,
-                routings,
-                passes,
-                dtype,
-                args,
-                doc["ceilings"],
-                torch_gmm,
-                Q,
-                on_row,
-                DEV,
-            )
+            args_ = (name, s, T, routings, passes, dtype, args, doc["ceilings"], torch_gmm, Q)
+            run_shape(*args_, on_row, DEV)
         except torch.cuda.OutOfMemoryError as e:
             doc["skipped"].append({"shape": name, "why": f"out of memory: {str(e)[:80]}"})
             print(f"skip {name}: out of memory")
         torch.cuda.empty_cache()
-        doc["elapsed_s"] = time.perf_counter() - t_start
         print(f"-- {name}: {time.perf_counter() - t0:.1f} s")
         doc["summary"] = class_summary(doc["rows"])
-        write_outputs(doc, args)
-
+        write(doc)
     doc["host_us"] = host_cost(torch_gmm)
     if Q:
         try:
             doc["host_us"]["quack fwd (default config)"] = quack_host_cost(Q)
         except Exception as e:  # noqa: BLE001 - reported, not fatal
             print(f"quack host cost: {type(e).__name__}: {str(e)[:80]}")
-    record(doc, t_start, class_summary, lambda d: write_outputs(d, args))
+    record(doc, t_start, class_summary, write)
     print_table(doc)
-    print("host µs per small call: " + ", ".join(f"{k} {v:.1f}" for k, v in doc["host_us"].items()))
     print(f"wall {doc['elapsed_s']:.0f} s")
     write_png(render_png, doc, args.png)
     return 0

@@ -7,36 +7,10 @@ model with its MoE layers on groupmm (``groupmm.integrations.torchtitan.enable_m
     python3 -m torch.distributed.run --standalone --nproc-per-node 2 \
         benches/bench_torchtitan.py --device cpu --tiny --steps 5      # gloo smoke run
 
-Model: torchtitan's ``Qwen3Model`` built by its MoE flavours' recipe
-(``qwen3._build_qwen3_moe_layers``), ``--layers`` blocks, torchtitan's init (each router
-gate redrawn so that its scores are apart), vocabulary ``--vocab``. Configs (d_model, moe
-hidden, experts, top-k, heads, kv heads, head dim): ``CONFIGS`` below. Attention:
-torchtitan's flex attention with its document masks on CUDA, its causal
-``ScaledDotProductAttention`` on the CPU (flex has no CPU backward).
-
-EP = W, set up as torchtitan does (``ParallelDims(ep=W)``, its Qwen3 sharding config,
-``Model.parallelize``: experts sharded along dim 0 over the EP mesh dim, its
-``AllToAllTokenDispatcher`` wired; ``partial_dtensor`` SPMD backend). Each rank has its
-own tokens (``--data-batches`` fixed random batches in turn: the loss falls). A step:
-forward, cross-entropy, backward, the gradients of the ranks' mean loss (replicated
-parameters averaged, expert shards divided by W: data parallelism without FSDP),
-torchtitan's aux-loss-free expert-bias update, ``AdamW.step``; in ``--dtype`` (bf16 on
-CUDA, as FSDP's bf16 parameters; fp32 on the CPU).
-
-Implementations: ``torchtitan`` (router, dispatcher, ``GroupedExperts`` on
-``torch._grouped_mm``), ``groupmm`` (``enable_moe`` before ``parallelize``: torchtitan's
-router, shared experts and bookkeeping, groupmm's fused block; ``expert_parallel_block``
-at EP > 1); same weights, same tokens. ``--compile``: every block compiled by
-torchtitan's ``apply_compile`` (``fullgraph=True``, ``capture_scalar_outputs``: the
-exchanges' split sizes are data-dependent sizes in the graph), both implementations.
-
-Timing: ``--warmup`` steps each, then ``--steps`` rounds in which the implementations
-take turns, the first rotating (``timing.rr_orders``). A step is timed from a barrier to
-the end of its optimizer step (CUDA events, ``perf_counter`` on the CPU; the slowest
-rank's time): median ms and spread (``timing.spread``), tokens/s over all GPUs, in eager
-runs the MoE layers' forward + backward ms per step (stamps around each MoE module, the
-backward's by identity autograd functions), rank 0's loss curve and its largest
-difference from torchtitan's. Outputs: lines, markdown (``--md``), JSON (``--json``).
+torchtitan's ``Qwen3Model`` (its MoE recipe), EP = W as its trainer sets it up, each rank
+its own tokens; a step is forward, cross-entropy, backward, the expert-bias update and
+``AdamW.step``. The implementations take turns each step; per implementation the median
+step ms (slowest rank), tokens/s, the MoE layers' ms (eager runs) and the loss curve.
 """
 
 from __future__ import annotations
@@ -49,10 +23,9 @@ import groupmm
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from cli import comma_list, init_ranks, line_buffered_stdout, parser  # benches/cli.py
-from ep_split import Clock  # benches/ep_split.py, same folder
-from report import dist_version, error_text, fmt, started, write_outputs
-from timing import rr_orders, spread
+from harness.cli import comma_list, init_ranks, line_buffered_stdout, parser
+from harness.report import dist_version, error_text, fmt, started, write_outputs
+from harness.timing import Clock, rr_orders, spread
 
 #: d_model, moe hidden, experts, top-k, heads, kv heads, head dim
 CONFIGS = {

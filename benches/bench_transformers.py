@@ -1,55 +1,19 @@
-"""groupmm inside Hugging Face transformers: experts implementation "groupmm" vs
-transformers' own "grouped_mm" (torch's grouped GEMM), "eager" (a loop over experts)
-and "sonicmoe" (when it loads), in one process, on the same model and inputs.
+"""groupmm inside Hugging Face transformers: experts implementation "groupmm" against
+transformers' "grouped_mm", "eager" and "sonicmoe" (when it loads), same model and inputs.
 
     python benches/bench_transformers.py [--json out.json] [--reps 10] [--tokens 4096,16384]
     python benches/bench_transformers.py --device cpu --tiny      # a quick run anywhere
     python benches/bench_transformers.py --configs qwen3-30b-a3b --tokens 4096 --layers 2 \
         --profile-host --json out.json                            # host vs GPU time
 
-Models: ``--layers`` decoder layers (default 1; a 256-token vocabulary so that the
-embedding and head are negligible) with random weights of a Qwen3-30B-A3B-sized config
-(hidden 2048, moe_intermediate 768, 128 experts, top-8) and an OLMoE-sized one (hidden
-2048, intermediate 1024, 64 experts, top-8), bf16, batch 1 of T tokens. The ``moe``
-passes run the first layer's MoE block.
-
-Passes, per implementation:
-- ``layer fwd``: the whole decoder layer (attention included) under ``torch.no_grad``;
-- ``layer fwd+bwd``: forward with autograd and backward of a fixed random gradient of
-  the logits, parameter gradients set to None before each step;
-- ``moe fwd`` / ``moe fwd+bwd``: the same for the layer's MoE block alone (router and
-  experts), the part the implementations differ in.
-
-Times: milliseconds, median of ``--reps`` steps after ``--warmup`` steps, CUDA events
-around each step (steps issued back to back; ``time.perf_counter`` on CPU), the best of
-``--rounds`` rounds that each visit every implementation in turn. "eager" runs
-at the smallest T only (it is slow). A failing implementation is reported in the table
-and the JSON, and the run goes on. The last column is grouped_mm's time over groupmm's
-(> 1: groupmm faster); ``rel diff`` is the relative Frobenius difference of groupmm's
-MoE-block output to grouped_mm's (same routing, bf16).
-
-``--profile-host``: whether a step is host-bound. After its timings, each implementation
-runs ``--profile-steps`` more steps of each pass one at a time (the device idle at each
-step's start, so a step's host work is not hidden behind the previous step's kernels),
-and reports per step (median). The host times come first, for every configuration,
-and the profiled steps after them: once the profiler has attached CUPTI to the process,
-every later kernel launch costs more host time (on the H200 a step measured after a
-profiled one took up to 4 ms more host time), which would overstate the host's share.
-- ``host ms``: wall time from the step's call to its return, no sync inside (the time
-  the host takes to issue the step; the backward's part runs on autograd's device
-  thread and the call waits for it); ``cpu ms``: the CPU time of the calling thread in
-  the same window (``time.thread_time``);
-- ``prof host ms``: the same window under ``torch.profiler`` (the profiler's own cost
-  included), ``ops``: the aten ops the step calls directly (not those inside another
-  op: the ones that each cost a dispatch from Python or autograd);
-- ``GPU ms``: the union of the device's kernel (and memcpy/memset) intervals of the step,
-  ``GPU sum``: their summed durations, ``kernels``: their number;
-- ``host/GPU``: host ms over GPU ms (> 1: the host is the bottleneck; a training loop
-  that queues steps back to back then runs at the host's pace).
-On the CPU (``--device cpu``) the GPU columns are 0. The JSON rows carry them under
-``"host"``.
-
-Runs on torch >= 2.9 with transformers >= 5.0 (5.17 on the GPU machine).
+Models of ``--layers`` decoder layers with random weights (Qwen3-30B-A3B-sized,
+OLMoE-sized). Passes: the whole layer and its MoE block alone, forward and forward +
+backward; median ms of ``--reps`` steps, the best of ``--rounds`` rounds. "eager" runs at
+the smallest T only. ``--profile-host``: per step the host's wall and CPU time, the
+profiled host time, the direct aten ops, the GPU's busy time and kernels, and host / GPU
+(> 1: the host is the bottleneck). The host times are taken, for every configuration,
+before any profiled step: once the profiler has attached CUPTI to the process, every
+later launch costs more host time (up to 4 ms more per step on the H200).
 """
 
 from __future__ import annotations
@@ -64,63 +28,30 @@ import traceback
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
-from timing import median_ms  # noqa: E402  (benches/timing.py, same folder)
+from harness.timing import median_ms  # noqa: E402
 
-CONFIGS = {
-    # name: (config class name, kwargs)
-    "qwen3-30b-a3b": (
-        "Qwen3MoeConfig",
-        dict(
-            hidden_size=2048,
-            intermediate_size=6144,
-            moe_intermediate_size=768,
-            num_experts=128,
-            num_experts_per_tok=8,
-            num_attention_heads=32,
-            num_key_value_heads=4,
-            head_dim=128,
-            norm_topk_prob=True,
-        ),
-    ),
-    "olmoe-1b-7b": (
-        "OlmoeConfig",
-        dict(
-            hidden_size=2048,
-            intermediate_size=1024,
-            num_experts=64,
-            num_experts_per_tok=8,
-            num_attention_heads=16,
-            num_key_value_heads=16,
-        ),
-    ),
+#: name: (config class, hidden, intermediate, experts, top-k, heads, kv heads, extra kwargs)
+SIZES = {
+    "qwen3-30b-a3b": ("Qwen3MoeConfig", 2048, 6144, 128, 8, 32, 4),
+    "olmoe-1b-7b": ("OlmoeConfig", 2048, 1024, 64, 8, 16, 16),
+    "qwen3-tiny": ("Qwen3MoeConfig", 64, 128, 16, 4, 4, 2),
+    "olmoe-tiny": ("OlmoeConfig", 64, 48, 8, 4, 4, 4),
+}
+EXTRA = {
+    "qwen3-30b-a3b": dict(moe_intermediate_size=768, head_dim=128, norm_topk_prob=True),
+    "qwen3-tiny": dict(moe_intermediate_size=32, head_dim=16),
 }
 
-TINY = {
-    "qwen3-tiny": (
-        "Qwen3MoeConfig",
-        dict(
-            hidden_size=64,
-            intermediate_size=128,
-            moe_intermediate_size=32,
-            num_experts=16,
-            num_experts_per_tok=4,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=16,
-        ),
-    ),
-    "olmoe-tiny": (
-        "OlmoeConfig",
-        dict(
-            hidden_size=64,
-            intermediate_size=48,
-            num_experts=8,
-            num_experts_per_tok=4,
-            num_attention_heads=4,
-            num_key_value_heads=4,
-        ),
-    ),
-}
+
+def _config(name):
+    cls, hidden, inter, experts, k, heads, kv = SIZES[name]
+    kw = dict(hidden_size=hidden, intermediate_size=inter, num_experts=experts)
+    kw.update(num_experts_per_tok=k, num_attention_heads=heads, num_key_value_heads=kv)
+    return cls, {**kw, **EXTRA.get(name, {})}
+
+
+CONFIGS = {n: _config(n) for n in ("qwen3-30b-a3b", "olmoe-1b-7b")}
+TINY = {n: _config(n) for n in ("qwen3-tiny", "olmoe-tiny")}
 
 IMPLS = ["groupmm", "grouped_mm", "eager", "sonicmoe"]
 PASSES = ["layer fwd", "layer fwd+bwd", "moe fwd", "moe fwd+bwd"]
@@ -146,18 +77,6 @@ def build_model(
     return model.to(device=device, dtype=dtype)
 
 
-def moe_block(model):
-    layer = model.model.layers[0]
-    return layer.mlp
-
-
-def timer(device: str, reps: int, warmup: int):
-    def run(step) -> float:
-        return median_ms(step, reps, warmup, cuda=device == "cuda")
-
-    return run
-
-
 def set_impl(model, impl: str) -> None:
     if impl == "groupmm":
         from groupmm.integrations.transformers import enable
@@ -176,7 +95,7 @@ def steps(model, tokens: int, device: str, dtype: torch.dtype, seed: int):
     x_grad = x.clone().requires_grad_(True)
     go_logits = torch.randn(1, tokens, 256, generator=gen).to(device=device, dtype=dtype)
     go_x = torch.randn(1, tokens, hidden, generator=gen).to(device=device, dtype=dtype)
-    block = moe_block(model)
+    block = model.model.layers[0].mlp  # the first layer's MoE block
 
     def first(out):
         return out[0] if isinstance(out, tuple) else out
@@ -351,7 +270,6 @@ def main(argv=None) -> int:
     ap.add_argument("--configs", default=None, help="comma-separated config names")
     ap.add_argument("--impls", default=",".join(IMPLS))
     ap.add_argument("--passes", default=",".join(PASSES))
-    ap.add_argument("--eager-max-tokens", type=int, default=None, help="default: smallest T")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=2, help="best median over rounds")
@@ -379,10 +297,12 @@ def main(argv=None) -> int:
         configs = {k: v for k, v in {**CONFIGS, **TINY}.items() if k in args.configs.split(",")}
     default_tokens = "64,256" if args.tiny else "4096,16384"
     tokens_list = [int(t) for t in (args.tokens or default_tokens).split(",")]
-    eager_max = args.eager_max_tokens or min(tokens_list)
+    eager_max = min(tokens_list)  # eager (a loop over experts) is slow
     impls = args.impls.split(",")
     passes = args.passes.split(",")
-    run = timer(device, args.reps, args.warmup)
+
+    def run(step) -> float:
+        return median_ms(step, args.reps, args.warmup, cuda=device == "cuda")
 
     env = {
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",

@@ -1,29 +1,12 @@
-"""Can the exchanges of expert parallelism overlap the expert GEMMs? The measurement behind
-the decision not to chunk the EP dispatch (docs/expert_parallel.md, "Overlap").
+"""Can the exchanges of expert parallelism overlap the expert GEMMs? Per config, one expert
+product of a rank's received rows and the all_to_all of those rows, timed alone, one after
+the other (``serial``) and at once (``overlap``: the exchange on NCCL's stream under the
+product), for groupmm's product (also under ``groupmm.sm_limit``) and torch's.
 
-    NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc-per-node W benches/ep_overlap.py \\
-        [--configs mixtral,qwen3-30b-a3b] [--tokens-per-gpu 16384] [--samples 15] \\
-        [--json OUT.json] [--md OUT.md]
+    NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc-per-node W benches/ep_overlap.py \
+        [--configs mixtral,qwen3-30b-a3b] [--tokens-per-gpu 16384] [--samples 15] \
+        [--sm-limits 120,108] [--json OUT.json] [--md OUT.md]
     python3 benches/ep_overlap.py --from-json OUT.json [--md OUT.md]   # render; no GPU
-
-A chunked EP step hides an exchange only if an ``all_to_all_single`` and an expert GEMM run
-at the same time. Per config, on every rank: one expert product of an EP rank's received
-rows (``[R, d] x [E/W, d, N]``: R the rows one rank receives under uniform top-k routing
-with one copy per (token, rank), N = 2 d_ff, the gate-up product) and the all_to_all of
-those rows (each rank sends its copies; equal splits), timed as
-
-- ``gemm``: the product alone; ``a2a``: the exchange alone;
-- ``serial``: the exchange, then the product (what the EP step does);
-- ``overlap``: the exchange issued asynchronously (``async_op=True``: NCCL's stream), the
-  product on the compute stream, then the wait: the best case of a chunked pipeline, where
-  a chunk's exchange runs under another chunk's product;
-- ``ideal``: ``max(gemm, a2a)``, what a perfect overlap would give.
-
-for groupmm's product (``groupmm.grouped_mm``) and torch's (``F.grouped_mm``), in the same
-run. Each sample: ``torch.cuda.synchronize`` and a barrier, then CUDA events around one
-call; the variants take turns (round-robin), ``--samples`` rounds after 3 warm-up rounds;
-the median over rounds of the slowest rank's sample. Keep NVLink multicast off
-(``NCCL_NVLS_ENABLE=0``).
 """
 
 from __future__ import annotations
@@ -38,9 +21,9 @@ import groupmm
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from cli import comma_list, line_buffered_stdout, parser  # benches/cli.py, same folder
-from moe_configs import CONFIGS  # benches/moe_configs.py, same folder
-from report import started  # benches/report.py, same folder
+from harness.cli import comma_list, line_buffered_stdout, parser
+from harness.configs import CONFIGS
+from harness.report import started
 
 VARIANTS = ("gemm", "a2a", "serial", "overlap")
 

@@ -1,11 +1,6 @@
-"""One row of bench_ep.py on every rank (:func:`run_row`): the inputs of this rank (the
-same routing for every implementation, :func:`make_routing`), each implementation built
-on them, its first step (and, with --check, :func:`run_check` against a plain-torch
-reference, :func:`dense_reference`), the warm-up, then the round-robin rounds with the
-split in the timed steps, then the all-to-all bandwidth (:func:`time_alltoall`); the
-per-rank numbers gathered into the row (ep_report.make_row). A failure on any rank leaves
-that implementation out on every rank (:func:`agree`).
-"""
+"""One row of bench_ep.py on every rank: the inputs (one routing for every implementation),
+each implementation built on them, the first step (and --check), the warm-up, the rounds
+with the split, the all-to-all bandwidth; the per-rank numbers gathered into the row."""
 
 from __future__ import annotations
 
@@ -18,19 +13,16 @@ import groupmm.parallel as gpar
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from ep_report import LOCAL, check_lines, make_row  # benches/ep_report.py, same folder
-from ep_split import PHASES, phases_of  # benches/ep_split.py, same folder
 from groupmm._glue import routes
 from groupmm.fused import expert_block
 from groupmm.moe import MoELayer, RouterOutput
-from peer_torchtitan import build_torchtitan, torchtitan_grads
-from report import error_text  # benches/report.py, same folder
-from report import rel_diff as rel_diff32  # float32; rel_diff below: float64 for fp64
-from timing import rr_orders  # benches/timing.py, same folder
+from harness.configs import EP_ROUTINGS as ROUTINGS
+from harness.configs import make_routing
+from harness.report import error_text, rel_diff
+from harness.report.ep import LOCAL, PHASES, check_lines, make_row, phases_of
+from harness.timing import rr_orders
+from peers.torchtitan import build_torchtitan, torchtitan_grads
 
-ROUTINGS = ("uniform", "skewed")
-#: Zipf exponent of the skewed routing's expert popularity (by global expert id)
-ZIPF_S = 1.0
 #: torchtitan's own classes: its experts on torch._grouped_mm, or switched to groupmm's
 #: fused block by groupmm.integrations.torchtitan.enable
 TT_IMPLS = ("torchtitan", "tt_groupmm", "tt_seam")
@@ -40,24 +32,8 @@ TOL_BF16 = TOL["bfloat16"]
 GRADS = ("out", "x", "weights", "w_in", "w_out")
 
 
-def make_routing(T: int, E: int, k: int, kind: str, gen: torch.Generator) -> tuple:
-    """``(ids [T, k] int64, weights [T, k] float64)``: each token's k experts distinct,
-    ``uniform`` or ``skewed`` (Zipf popularity 1/(e+1)^ZIPF_S over the expert id e, drawn
-    without replacement); weights the softmax of random logits."""
-    if kind == "uniform":
-        ids = torch.rand(T, E, generator=gen).topk(k, dim=1).indices
-    elif kind == "skewed":
-        p = 1.0 / torch.arange(1, E + 1, dtype=torch.float64) ** ZIPF_S
-        ids = torch.multinomial(p.expand(T, E), k, replacement=False, generator=gen)
-    else:
-        raise ValueError(f"routing: expected one of {ROUTINGS}, found {kind!r}")
-    weights = torch.randn(T, k, generator=gen, dtype=torch.float64).softmax(-1)
-    return ids.long(), weights
-
-
 class FixedRouter(torch.nn.Module):
-    """A router stub: the same expert ids and weights (cast to ``dtype``, as TopKRouter
-    returns them) whatever the input."""
+    """A router stub: the same expert ids and weights (in ``dtype``) whatever the input."""
 
     def __init__(self, ids, weights, dtype, num_experts: int):
         super().__init__()
@@ -90,15 +66,6 @@ def dense_reference(x, ids, weights, w_in_all, w_out_all, gy, ct):
     return out.detach(), xr.grad, wr.grad, wi.grad, wo.grad
 
 
-def rel_diff(a, b):
-    """``report.rel_diff`` (in float32), in float64 for float64 tensors (float32 would
-    round their differences, ~1e-16 relative, to zero)."""
-    if a is None or b is None or b.dtype != torch.float64:
-        return rel_diff32(a, b)
-    num, den = float((a.double() - b).square().sum()), float(b.square().sum())
-    return math.sqrt(num / den) if den > 0 else (0.0 if num == 0 else math.inf)
-
-
 def agree(ok: bool, dev) -> bool:
     """True on every rank when ``ok`` holds on every rank."""
     t = torch.tensor([1 if ok else 0], device=dev)
@@ -113,8 +80,7 @@ def gather(obj) -> list:
 
 
 def gather_experts(ex, group, W: int) -> tuple:
-    """``(w_in, w_out)`` of all E experts (every rank's shard, in rank order), detached:
-    the whole layer's weights and the check's reference."""
+    """``(w_in, w_out)`` of all E experts (every rank's shard, in rank order), detached."""
     parts_in = [torch.empty_like(ex.w_in) for _ in range(W)]
     parts_out = [torch.empty_like(ex.w_out) for _ in range(W)]
     dist.all_gather(parts_in, ex.w_in.detach().contiguous(), group=group)
@@ -123,9 +89,8 @@ def gather_experts(ex, group, W: int) -> tuple:
 
 
 def time_alltoall(rows: int, d: int, ctx: dict, samples: int, warmup: int = 3) -> list:
-    """This rank's ms of ``samples`` ``all_to_all_single`` calls (after ``warmup``) moving
-    ``rows`` rows of ``d`` (``rows / W`` to every rank, equal splits, contiguous buffers in
-    the bench's dtype); a synchronize and a barrier before each."""
+    """This rank's ms of ``samples`` equal-split ``all_to_all_single`` calls of ``rows``
+    rows of ``d``, a synchronize and a barrier before each."""
     dev, dtype, group, clock = ctx["dev"], ctx["dtype"], ctx["group"], ctx["clock"]
     send = torch.ones(rows, d, device=dev, dtype=dtype)
     recv = torch.empty_like(send)
@@ -143,8 +108,7 @@ def time_alltoall(rows: int, d: int, ctx: dict, samples: int, warmup: int = 3) -
 
 
 def run_row(spec: dict, args, ctx: dict) -> dict:
-    """Measure every implementation on one (config, routing); returns the row (on every
-    rank: the per-rank numbers are gathered)."""
+    """Every implementation on one (config, routing); the row, on every rank."""
     dev, dtype, group, mesh = ctx["dev"], ctx["dtype"], ctx["group"], ctx["mesh"]
     rank, W, clock, split = ctx["rank"], ctx["W"], ctx["clock"], ctx["split"]
     d, f, E, k, T = spec["d_model"], spec["d_ff"], spec["experts"], spec["top_k"], spec["T"]
@@ -162,37 +126,19 @@ def run_row(spec: dict, args, ctx: dict) -> dict:
     fused = MoELayer(d, f, E, k, aux_loss_coef=0.0, device=dev, dtype=dtype, ep_group=group)
     fused.router = FixedRouter(ids, weights, dtype, E)
     ex = fused.experts
-    unfused = MoELayer(
-        d, f, E, k, aux_loss_coef=0.0, fused=False, device="meta", dtype=dtype, ep_group=group
-    )
-    unfused.experts = ex  # the same weights
-    unfused.router = FixedRouter(ids, weights, dtype, E)
-    # fixed sizes: every rank has T tokens, the capacity of the exchanges
-    fixed = MoELayer(
-        d, f, E, k, aux_loss_coef=0.0, device="meta", dtype=dtype, ep_group=group, ep_capacity=T
-    )
-    fixed.experts = ex  # the same weights
-    fixed.router = FixedRouter(ids, weights, dtype, E)
-    # fixed sizes pipelined: --pipeline-chunks slices, exchanges on a second stream, the
-    # expert products on --pipeline-sms SMs (groupmm.sm_limit)
-    piped = MoELayer(
-        d,
-        f,
-        E,
-        k,
-        aux_loss_coef=0.0,
-        device="meta",
-        dtype=dtype,
-        ep_group=group,
-        ep_capacity=T,
-        ep_chunks=args.pipeline_chunks,
-    )
-    piped.experts = ex  # the same weights
-    piped.router = FixedRouter(ids, weights, dtype, E)
+
+    def sharing(**kw):  # the same expert weights and routing, another path
+        m = MoELayer(
+            d, f, E, k, aux_loss_coef=0.0, device="meta", dtype=dtype, ep_group=group, **kw
+        )
+        m.experts, m.router = ex, FixedRouter(ids, weights, dtype, E)
+        return m
+
+    unfused, fixed = sharing(fused=False), sharing(ep_capacity=T)  # fixed: capacity T
+    piped = sharing(ep_capacity=T, ep_chunks=args.pipeline_chunks)
 
     def pipelined(x):
-        # its slices pass the phase marks once each: the split's two boundaries would
-        # mean nothing; the step alone is timed
+        # its slices pass the phase marks once each: the step alone is timed
         enabled, split.enabled = split.enabled, False
         try:
             if dev.type != "cuda" or not args.pipeline_sms:
@@ -218,18 +164,15 @@ def run_row(spec: dict, args, ctx: dict) -> dict:
     want = set(args.impls.split(","))
     # every expert on every rank: the whole layer's weights and the check's reference
     w_all = gather_experts(ex, group, W) if ("whole" in want or args.check) else None
-    if "fused" in want:
-        fwd["fused"] = lambda: fused(x)
-        leaves["fused"] = [x, weights, ex.w_in, ex.w_out]
-    if "fixed" in want:
-        fwd["fixed"] = lambda: fixed(x)
-        leaves["fixed"] = [x, weights, ex.w_in, ex.w_out]
-    if "pipelined" in want:
-        fwd["pipelined"] = lambda: pipelined(x)
-        leaves["pipelined"] = [x, weights, ex.w_in, ex.w_out]
-    if "unfused" in want:
-        fwd["unfused"] = lambda: unfused(x)
-        leaves["unfused"] = [x, weights, ex.w_in, ex.w_out]
+    for name, m in (
+        ("fused", fused),
+        ("fixed", fixed),
+        ("pipelined", pipelined),
+        ("unfused", unfused),
+    ):
+        if name in want:
+            fwd[name] = lambda m=m: m(x)
+            leaves[name] = [x, weights, ex.w_in, ex.w_out]
     routed: dict = {}
     for name in TT_IMPLS:
         if name not in want:
@@ -331,13 +274,8 @@ def run_row(spec: dict, args, ctx: dict) -> dict:
                 )
             else:
                 gw_in, gw_out = ex.w_in.grad, ex.w_out.grad
-            got[name] = {
-                "out": out.detach(),
-                "x": x.grad.detach().clone(),
-                "weights": weights.grad.detach().clone(),
-                "w_in": None if gw_in is None else gw_in.detach().clone(),
-                "w_out": None if gw_out is None else gw_out.detach().clone(),
-            }
+            grads = (x.grad, weights.grad, gw_in, gw_out)
+            got[name] = dict(zip(GRADS, (out.detach(), *(_copy(g) for g in grads))))
         del out
         for t in leaves[name]:
             t.grad = None
@@ -394,30 +332,26 @@ def run_row(spec: dict, args, ctx: dict) -> dict:
         exact = max(W, round(sum(sent) / W / W) * W)
         for key, n in (("fixed", W * T), ("exact", exact)):
             alltoall[key] = {"rows": n, "ms": time_alltoall(n, d, ctx, args.a2a_samples)}
-    mine = {
-        "rank": rank,
-        "recv_rows": R,
-        "splits": splits,
-        "row_bytes": d * torch.empty((), dtype=dtype).element_size(),
-        "alltoall": alltoall or None,
-        "samples": samples,
-        "phases": {
-            n: {
-                p: statistics.median(v[p] for v in stamps[n])
-                for p in ("step", *PHASES)
-                if stamps[n] and all(p in v for v in stamps[n])
-            }
-            for n in names
-        },
+    phases = {
+        n: {
+            p: statistics.median(v[p] for v in st)
+            for p in ("step", *PHASES)
+            if st and all(p in v for v in st)
+        }
+        for n, st in stamps.items()
     }
-    everyone = gather(mine)
-    row = make_row(spec, W, everyone, names, errors, check, str(dtype).replace("torch.", ""))
-    return row
+    row_bytes = d * torch.empty((), dtype=dtype).element_size()
+    mine = dict(rank=rank, recv_rows=R, splits=splits, row_bytes=row_bytes)
+    mine.update(alltoall=alltoall or None, samples=samples, phases=phases)
+    return make_row(spec, W, gather(mine), names, errors, check, str(dtype).replace("torch.", ""))
+
+
+def _copy(t):
+    return None if t is None else t.detach().clone()
 
 
 def _own_slice(g, group, rank: int, e: int):
-    """This rank's ``e`` experts of a whole-layer gradient summed over the ranks
-    (collective); None for None (on every rank: the same step ran everywhere)."""
+    """This rank's ``e`` experts of a whole-layer gradient summed over the ranks."""
     if g is None:
         return None
     g = g.detach().clone()
@@ -426,8 +360,8 @@ def _own_slice(g, group, rank: int, e: int):
 
 
 def run_check(got: dict, x, ids, weights, ex, w_all, gy, ctx) -> dict:
-    """Relative differences of every implementation's first step to the plain-torch
-    reference (on ``w_all``, every expert) and to fused's, the largest over ranks."""
+    """Each first step's largest differences over ranks to the plain-torch reference and
+    to fused's."""
     group, rank = ctx["group"], ctx["rank"]
     dtype = ctx["dtype"]
     ct = torch.float64 if dtype == torch.float64 else torch.float32
@@ -436,13 +370,9 @@ def run_check(got: dict, x, ids, weights, ex, w_all, gy, ctx) -> dict:
     dist.all_reduce(dwi, group=group)
     dist.all_reduce(dwo, group=group)
     e = ex.num_experts
-    ref_d = {
-        "out": out,
-        "x": dx,
-        "weights": dw,
-        "w_in": dwi[rank * e : (rank + 1) * e],
-        "w_out": dwo[rank * e : (rank + 1) * e],
-    }
+    ref_d = dict(
+        zip(GRADS, (out, dx, dw, dwi[rank * e : (rank + 1) * e], dwo[rank * e : (rank + 1) * e]))
+    )
     local: dict = {"vs_reference": {}, "vs_fused": {}}
     for name, g in got.items():
         local["vs_reference"][name] = {q: rel_diff(g[q], ref_d[q]) for q in GRADS}

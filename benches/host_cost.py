@@ -1,28 +1,13 @@
-"""Host cost per call of groupmm on a small packed problem, next to F.grouped_mm.
+"""Host cost per call of groupmm on a small packed problem, next to F.grouped_mm: the
+forward, the forward on inputs that require grad and forward+backward, then where
+groupmm's time goes (the Rust entry points alone, allocations, the Python layer).
 
     python3 benches/host_cost.py [--device cpu|cuda] [--dtype bf16|f16|f32]
-                                 [--shape E,K,N,T] [--calls 2000] [--repeats 7] [--stub]
-
-Prints microseconds per call for ``groupmm.grouped_mm`` and
-``torch.nn.functional.grouped_mm`` side by side, with their ratio: the forward without
-grad, the forward on inputs that require grad, and forward+backward through autograd
-(``.backward(gy)``); then a breakdown of where groupmm's time goes (the Rust entry points
-alone, allocations, torch.mm, and what the Python layer adds on top of the Rust calls).
-
-Each figure is the median over ``--repeats`` runs of ``--calls`` calls issued back to
-back (CUDA: no sync between calls, one at the end of a run; the GPU work is tiny, so the
-host is the bottleneck). On the CPU the kernels run on the calling thread, so their time
-is inside every figure; ``--shape 8,8,8,16`` makes it negligible.
-
-``--stub`` replaces the Rust entry points that groupmm's Python layer calls with
-stand-ins that only allocate the outputs, and compares groupmm against the floor of any
-Python autograd shim: a ``torch.autograd.Function`` that saves its inputs and allocates
-the same outputs. What is left is the Python layer's own cost (device-independent).
+                                 [--shape E,K,N,T] [--calls 2000] [--repeats 7]
 """
 
 import argparse
 import statistics
-import sys
 import time
 
 import groupmm
@@ -32,48 +17,9 @@ from groupmm import _native
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 
 
-def _stub_native():
-    """Point every groupmm module's reference to the Rust forward/backward at
-    allocation-only stand-ins (the bench's own process only)."""
-
-    def mm(a, b, offs=None, out_dtype=None, out=None):
-        return out if out is not None else a.new_empty((a.shape[0], b.shape[-1]))
-
-    def mm_backward(grad, a, b, offs=None, need_a=True, need_b=True):
-        return (a.new_empty(a.shape) if need_a else None, b.new_empty(b.shape) if need_b else None)
-
-    stand_in = {id(_native.grouped_mm): mm, id(_native.grouped_mm_backward): mm_backward}
-    for name, mod in list(sys.modules.items()):
-        if name.startswith("groupmm.") and mod is not None and mod is not _native:
-            for attr, value in list(vars(mod).items()):
-                if id(value) in stand_in:
-                    setattr(mod, attr, stand_in[id(value)])
-    return mm, mm_backward
-
-
-class _Floor(torch.autograd.Function):
-    """The least a Python autograd shim does: save the inputs, allocate the outputs."""
-
-    @staticmethod
-    def forward(ctx, a, b, offs):
-        ctx.save_for_backward(a, b, offs)
-        return a.new_empty((a.shape[0], b.shape[-1]))
-
-    @staticmethod
-    def backward(ctx, grad):
-        a, b, offs = ctx.saved_tensors
-        return a.new_empty(a.shape), b.new_empty(b.shape), None
-
-
-def _floor(a, b, offs=None):
-    if a.requires_grad or b.requires_grad:
-        return _Floor.apply(a, b, offs)
-    return a.new_empty((a.shape[0], b.shape[-1]))
-
-
 def per_call_us(fn, calls, repeats=1, sync=torch.cuda.synchronize):
-    """Median host µs per call of `fn` over `repeats` runs of `calls` calls issued without a
-    sync (the GPU work is tiny, so the host is the bottleneck); shared with bench_gpu.py."""
+    """Median host µs per call of ``fn`` over ``repeats`` runs of ``calls`` calls issued
+    without a sync (the GPU work is tiny: the host is the bottleneck)."""
     for _ in range(min(200, calls)):
         fn()
     runs = []
@@ -94,7 +40,6 @@ def main():
     p.add_argument("--calls", type=int, default=2000)
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--shape", default="8,128,128,256", help="E,K,N,T")
-    p.add_argument("--stub", action="store_true", help="the Python layer alone (see above)")
     args = p.parse_args()
     dev, dt = args.device, DTYPES[args.dtype]
     E, K, N, T = (int(v) for v in args.shape.split(","))
@@ -111,23 +56,18 @@ def main():
     xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
 
     native_mm, native_bwd = _native.grouped_mm, _native.grouped_mm_backward
-    if args.stub:
-        native_mm, native_bwd = _stub_native()
-        peer, peer_name = _floor, "floor"
-    else:
-        peer, peer_name = getattr(torch.nn.functional, "grouped_mm", None), "F.grouped_mm"
-        if peer is not None:
-            try:
-                peer(x, w, offs=offs)
-            except (RuntimeError, NotImplementedError) as e:  # no kernel for device/dtype
-                print(f"F.grouped_mm unavailable here: {str(e).splitlines()[0]}")
-                peer = None
+    peer, peer_name = getattr(torch.nn.functional, "grouped_mm", None), "F.grouped_mm"
+    if peer is not None:
+        try:
+            peer(x, w, offs=offs)
+        except (RuntimeError, NotImplementedError) as e:  # no kernel for device/dtype
+            print(f"F.grouped_mm unavailable here: {str(e).splitlines()[0]}")
+            peer = None
 
     print(
         f"host µs per call: {dev} ({_device_name(dev)}), torch {torch.__version__}, "
         f"groupmm {groupmm.__version__}, {args.dtype}, E={E} K={K} N={N} T={T}, "
         f"median of {args.repeats} x {args.calls} calls"
-        + (", Rust entry points stubbed" if args.stub else "")
     )
     side = {
         "forward (no grad)": (

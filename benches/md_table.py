@@ -10,8 +10,8 @@ over bf16 measured on the same machine).
 import argparse
 import json
 
-from gpu_report import summary  # benches/gpu_report.py, same folder
-from report import fmt  # benches/report.py, same folder
+from harness.report import fmt
+from harness.report.gpu import summary
 
 
 def main():

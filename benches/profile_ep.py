@@ -1,40 +1,15 @@
-"""Where one expert-parallel step goes on the GPU: groupmm's fused EP block
-(``groupmm.parallel.expert_parallel_block``) forward + backward under torch.profiler, rank
-0's kernels put in categories and the time the GPU sat idle, with the host's and the GPU's
-clocks at the step's phase boundaries on every rank; with exact sizes (the default), with
-fixed sizes (``--capacity``), or both in one process (``--modes exact,fixed``: one table
-row per mode, a before/after profile in one command).
+"""Where one expert-parallel step goes on the GPU: groupmm's fused EP block forward + backward
+under torch.profiler, rank 0's kernels by category (gemm, nccl, rows, other) and the GPU's
+idle time, with the GPU's and the host's clocks at the step's phase boundaries on every
+rank; with exact sizes, fixed sizes (``--capacity``) or both (``--modes exact,fixed``).
 
-    NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc-per-node W benches/profile_ep.py \\
-        [--config mixtral] [--tokens-per-gpu 16384] [--capacity N|tokens] \\
+    NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc-per-node W benches/profile_ep.py \
+        [--config mixtral] [--tokens-per-gpu 16384] [--capacity N|tokens] \
         [--modes exact,fixed] [--trace OUT.json.gz] [--md OUT.md] [--device cuda|cpu]
-    python3 benches/profile_ep.py --from-trace OUT.json.gz [--md OUT.md]   # no GPU
+    python3 benches/profile_ep.py --from-trace OUT.json.gz    # summarize a trace; no GPU
 
-Modes: ``exact``: ``capacity=None``, one host sync per call for the split sizes;
-``fixed``: ``capacity=C`` (``--capacity``: an int at least the tokens per GPU, or the word
-``tokens`` for the tokens per GPU, the default), equal-split exchanges of C rows per pair
-of ranks and no host sync. ``--capacity`` alone runs the fixed mode; ``--modes`` names the
-modes to run, in order, on the same inputs.
-
-Every rank: its own tokens ``x [T, d]`` (bf16; fp32 with ``--device cpu``, a smoke run on
-gloo whose profile has no kernels), uniform top-k routing (k distinct experts), router
-weights, its ``E / W`` experts; gradients set to None after every step (as bench_ep.py).
-Per mode: four warm-up steps, then five timed steps (CUDA events; a barrier and a
-``torch.cuda.synchronize`` before each), the phase marks of the last one (the plan, the
-local routes, the experts, end of forward, end of backward; GPU and host ms since the
-step's start: where the two agree the GPU was waiting for the host), then one step under
-the profiler (``schedule(wait=1, warmup=1, active=1)``, a barrier before each step so
-that no rank's profiler start delays the others).
-
-Summary of rank 0's profiled step (``summarize``): kernel time by category (``gemm``:
-groupmm's varlen kernels; ``nccl``: the exchanges, including the time a rank waits in
-them for a slower one; ``rows``: groupmm's row kernels; ``other``: torch's kernels and
-copies) and ``idle``: the GPU's gaps between the first and the last kernel of the step
-(the host not keeping up; with exact sizes mostly before the first product: the plan's
-host sync and the ops after it; with fixed sizes there is no host sync). The markdown
-and the JSON (``--md``'s name with ``.json``) say which mode each figure is of; with
-several modes rank 0's trace of each goes to ``--trace``'s name with ``-MODE`` before
-its extension.
+``--md`` also writes the document as JSON beside it; with several modes each mode's trace
+goes to ``--trace``'s name with ``-MODE`` before its extension.
 """
 
 from __future__ import annotations
@@ -45,10 +20,10 @@ import os
 import sys
 import time
 
-from cli import init_ranks, line_buffered_stdout, parser  # benches/cli.py, same folder
-from moe_configs import CONFIGS as MOE_CONFIGS  # benches/moe_configs.py, same folder
+from harness.cli import init_ranks, line_buffered_stdout, parser
+from harness.configs import CONFIGS as MOE_CONFIGS
 
-#: the configs: benches/moe_configs.py's, and ``tiny`` for the CPU
+#: the MoE configs, and ``tiny`` for the CPU
 TINY = {"tiny": (16, 32, 8, 2)}
 CONFIGS = {**MOE_CONFIGS, **TINY}
 
@@ -61,7 +36,7 @@ MARKED = ("plan_tokens", "plan_fixed", "_local_routes", "routes", "_block")
 
 def parse_args(argv=None):
     p = parser(__doc__)
-    p.add_argument("--config", default="mixtral", help="a name of benches/moe_configs.py")
+    p.add_argument("--config", default="mixtral", help="a config of harness/configs.py")
     p.add_argument("--tokens-per-gpu", type=int, default=16384)
     p.add_argument(
         "--capacity",

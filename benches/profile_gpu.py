@@ -15,7 +15,7 @@ import math
 
 import groupmm
 import torch
-from gpu_shapes import SHAPES, counts_for  # benches/gpu_shapes.py, same folder
+from harness.configs import SHAPES, counts_for
 from torch.profiler import ProfilerActivity, profile
 
 

@@ -1,38 +1,13 @@
-"""Where a whole MoE layer's step goes, kernel by kernel: torch.profiler over
-forward+backward steps of bench_moe.py's layers (groupmm's fused ``MoELayer``, SonicMoE,
-and optionally the unfused, torch-gmm and plain layers), each kernel put in a category
-(gemm, rows, routing, elementwise, other), per config x tokens row of the layer benchmark.
+"""Where a whole MoE layer's step goes, kernel by kernel: torch.profiler over forward+backward
+steps of bench_moe.py's layers (fused ``MoELayer``, SonicMoE, and optionally the unfused,
+torch-gmm and plain layers), each kernel in a category (gemm, rows, routing, elementwise,
+other), per config and tokens.
 
     python3 benches/profile_moe.py [--configs qwen3|layer|NAME,...] [--tokens 4096,16384]
         [--routing router|uniform|skewed] [--impls fused,sonicmoe,groupmm,torch-gmm,plain]
         [--steps 5] [--warmup 3] [--top 22] [--json out.json] [--md out.md]
-    python3 benches/profile_moe.py --config qwen3 --tokens 4096    # the old single-row form
     python3 benches/profile_moe.py --dry-run [...]                  # the rows; no GPU
     python3 benches/profile_moe.py --from-json out.json [--md out.md]  # render; no GPU
-
-Each row profiles the same layer call bench_moe.py times (``moe_layers.build_impls``): the
-same layer (``torch.manual_seed(0)``), x and output gradient (``torch.manual_seed(T)``),
-routing (``router`` by default, as bench_moe.py: each implementation routes with the
-layer's router; ``uniform``/``skewed`` fix the experts, and SonicMoE, which always routes
-with its own router, is then skipped and said so), and step (the gradients of x and of the
-implementation's parameters set to None, forward, ``backward(gy)``). SonicMoE is optional
-(``peer_sonicmoe.load_sonic``; absent: one line says why, the rest goes on), called with
-``peer_sonicmoe.sonic_forward`` on the weights ``peer_sonicmoe.sonic_weights`` copies once
-per config. Per implementation and shape, ``--warmup`` steps first (SonicMoE JIT-compiles and
-autotunes on its first call per shape: minutes; their wall seconds are printed), then
-``--steps`` steps under torch.profiler (CUDA activity only). Every figure is device time
-from the profiler, per step (kernel time summed, so overlapping kernels would count twice;
-the layer's step runs on one stream); no wall clock enters them.
-
-Output: per row the top ``--top`` kernels (name truncated), then a line
-``config T=.. impl: total ms = gemm + rows + routing + elementwise + other``. ``--json``:
-every kernel of every row, names untruncated, with its category; ``--md``: one table with a
-line per (config, tokens): fused's and SonicMoE's totals, each one's gemm / rows / rest
-(rest = routing + elementwise + other), and the gap (fused - SonicMoE) split into its gemm
-and non-gemm parts; then every row's categories. Both rewritten after every shape.
-
-Code: kernel categories, rows and rendering in benches/profile_report.py, the layers in
-benches/moe_layers.py (bench_moe.py's).
 """
 
 from __future__ import annotations
@@ -42,14 +17,15 @@ import sys
 import time
 
 import groupmm
-import peer_sonicmoe as sonic  # benches/peer_sonicmoe.py, same folder
+import peers.sonicmoe as sonic
 import torch
-from cli import comma_list, line_buffered_stdout, parser  # benches/cli.py, same folder
+from bench_moe import build_impls, row_inputs
 from groupmm.moe import MoELayer
-from moe_configs import CONFIGS, MODELS, ROUTINGS, select_configs
-from moe_layers import build_impls, row_inputs  # benches/moe_layers.py, same folder
-from moe_report import IMPLS  # benches/moe_report.py, same folder
-from profile_report import (  # benches/profile_report.py, same folder
+from harness.cli import comma_list, line_buffered_stdout, parser
+from harness.configs import CONFIGS, MODELS, ROUTINGS, select_configs
+from harness.report import error_text, from_json, one_file, started
+from harness.report.moe import IMPLS
+from harness.report.profile import (
     KERNEL_PATTERNS,
     kernel_block,
     kernel_table,
@@ -58,7 +34,6 @@ from profile_report import (  # benches/profile_report.py, same folder
     summary_line,
     summary_lines,
 )
-from report import error_text, from_json, one_file, started  # benches/report.py, same folder
 
 #: where the rows run (the CPU tests point it at the CPU)
 DEV = "cuda"

@@ -268,14 +268,14 @@ BENCHES = Path(__file__).resolve().parents[2] / "benches"
 
 
 def load_bench(name):
-    """benches/<name>.py as a module (the benches are scripts and the modules they share,
-    not a package): benches/ goes first on sys.path, as it does when a bench runs as
-    ``python3 benches/<name>.py``, so a bench's ``from timing import ...`` finds its
-    neighbours and every test gets the same module objects."""
+    """A module of benches/ by its import name (``bench_gpu``, ``harness.timing``,
+    ``peers.sonicmoe``): benches/ goes first on sys.path, as it does when a bench runs as
+    ``python3 benches/<name>.py``, so every test gets the same module objects."""
     if str(BENCHES) not in sys.path:
         sys.path.insert(0, str(BENCHES))
     mod = importlib.import_module(name)
-    assert Path(mod.__file__).parent == BENCHES, f"{name} is not benches/{name}.py: {mod}"
+    path = BENCHES.joinpath(*name.split("."))
+    assert Path(mod.__file__) in (path.with_suffix(".py"), path / "__init__.py"), mod
     return mod
 
 

@@ -29,8 +29,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benches" / "bench_ep.py"
 
 ep_run = load_bench("ep_run")
-ep_split = load_bench("ep_split")
-ep_report = load_bench("ep_report")
+timing = load_bench("harness.timing")
+ep_report = load_bench("harness.report.ep")
 bench = load_bench("bench_ep")
 profile_ep = load_bench("profile_ep")
 
@@ -66,12 +66,12 @@ def test_phases_add_up_to_the_step():
     def ms(a, b):
         return b - a
 
-    ph = ep_split.phases_of(ms, st)
+    ph = ep_report.phases_of(ms, st)
     assert ph == {"step": 13.0, "dispatch": 3.0, "experts": 7.5, "combine": 2.5}
-    assert sum(ph[p] for p in ep_split.PHASES) == ph["step"]
+    assert sum(ph[p] for p in ep_report.PHASES) == ph["step"]
     partial = {k: v for k, v in st.items() if k != "b2"}  # a boundary the step missed
-    assert ep_split.phases_of(ms, partial) == {"step": 13.0}
-    assert ep_split.phases_of(ms, {"t0": 1.0, "f3": 2.0, "t1": 4.0}, ep=False) == {
+    assert ep_report.phases_of(ms, partial) == {"step": 13.0}
+    assert ep_report.phases_of(ms, {"t0": 1.0, "f3": 2.0, "t1": 4.0}, ep=False) == {
         "step": 3.0,
         "experts": 3.0,
     }
@@ -80,8 +80,8 @@ def test_phases_add_up_to_the_step():
 def test_marks_stamp_forward_and_backward_in_order():
     """The identity marks record their boundaries when the forward passes them and again
     when the gradient does, and change nothing in between."""
-    clock = ep_split.Clock(cuda=False)
-    split = ep_split.Split(clock)
+    clock = timing.Clock(cuda=False)
+    split = bench.Split(clock)
     x = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
     assert split.mark(x, "f1", "b1") is x  # outside a timed step: no node at all
     split.begin()
@@ -93,8 +93,8 @@ def test_marks_stamp_forward_and_backward_in_order():
     order = ["t0", "f1", "f2", "f3", "b2", "b1", "t1"]
     assert sorted(st, key=st.get) == order
     torch.testing.assert_close(x.grad, torch.full_like(x, 3.0))
-    ph = ep_split.phases_of(clock.ms, st)
-    assert set(ph) == {"step", *ep_split.PHASES}
+    ph = ep_report.phases_of(clock.ms, st)
+    assert set(ph) == {"step", *ep_report.PHASES}
 
 
 def _rank(samples, phases, recv, **more):
@@ -289,7 +289,7 @@ def _check_doc(doc, md, stdout, world, dtype, routings):
                 continue
             assert v["phases_ms"]["experts"] > 0, name
             if name in ep:  # the split reached every EP implementation
-                assert all(v["phases_ms"][p] is not None for p in ep_split.PHASES), name
+                assert all(v["phases_ms"][p] is not None for p in ep_report.PHASES), name
                 assert v["experts_vs_single"] > 0
                 whole = row["impls"]["whole"]["step_ms"]
                 assert v["ep_efficiency"] == pytest.approx(whole / v["step_ms"]), name

@@ -3,8 +3,9 @@ SonicMoE's layout (against a float64 computation of the layer from the converted
 row building, the summary of the measured ratios, markdown, --dry-run and --from-json,
 and main() end to end with stand-ins for CUDA's events and for SonicMoE.
 
-``benches/bench_moe.py`` and the modules it shares code through (``moe_configs``,
-``peer_sonicmoe``, ``moe_report``, ``report``, ``timing``) are loaded from benches/. The
+``benches/bench_moe.py`` and the modules it shares code through (``harness.configs``,
+``peers.sonicmoe``, ``harness.report.moe``, ``harness.report``, ``harness.timing``) are
+loaded from benches/. The
 SonicMoE stand-in (:func:`fake_sonic_layer`) is written here from SonicMoE's documented
 semantics (weights ``(2I, H, E)`` / ``(H, I, E)`` with stride order (2, 0, 1), interleaved
 or concatenated gate/up rows, both routing modes), independently of the bench, so a bench
@@ -34,11 +35,11 @@ BENCHES = ROOT / "benches"
 F64 = torch.float64
 
 
-timing = load_bench("timing")
-report = load_bench("report")
-configs = load_bench("moe_configs")
-sonic = load_bench("peer_sonicmoe")
-moe_report = load_bench("moe_report")
+timing = load_bench("harness.timing")
+report = load_bench("harness.report")
+configs = load_bench("harness.configs")
+sonic = load_bench("peers.sonicmoe")
+moe_report = load_bench("harness.report.moe")
 bench = load_bench("bench_moe")
 
 
@@ -441,7 +442,7 @@ def test_estimate_is_a_budget_model(capsys):
     assert bench.main(["--dry-run", "--configs", "legacy", "--tokens", "4096", "--no-sonic"]) == 0
     out = capsys.readouterr().out
     assert "mixtral" in out and "4 rows over 4 configs" in out and "SonicMoE" not in out
-    q = bench.parse_args(["--reps", "4"])
+    q = bench.parse_args(["--calls", "4"])
     assert q.calls == 4
     with pytest.raises(SystemExit):
         bench.parse_args(["--routing", "zipf"])
@@ -467,65 +468,6 @@ def test_md_shows_the_fused_host_time_bold_where_it_reaches_the_gpu_time():
     assert "| fused host ms |" in text
     assert "| fwd+bwd | 2.80 | **2.90** | - |" in text
     assert "| fwd+bwd | 8.30 | 2.70 | - |" in text
-
-
-#: a result file of the bench before round-robin timing (one row of an H200 run)
-LEGACY_DOC = {
-    "device": "NVIDIA H200",
-    "torch": "2.11.0+cu130",
-    "dtype": "torch.bfloat16",
-    "rows": [
-        {
-            "config": "qwen3",
-            "d_model": 2048,
-            "d_ff": 768,
-            "experts": 128,
-            "top_k": 8,
-            "T": 4096,
-            "routing": "uniform",
-            "groupmm fwd ms": 0.9774079918861389,
-            "fused fwd ms": 0.8993119895458221,
-            "torch-gmm fwd ms": 1.1212639808654785,
-            "plain fwd ms": 1.3046079874038696,
-            "groupmm fwd+bwd ms": 2.69270396232605,
-            "fused fwd+bwd ms": 2.510016083717346,
-            "torch-gmm fwd+bwd ms": 3.0597599744796753,
-            "plain fwd+bwd ms": 3.911695957183838,
-            "groupmm peak bytes": 1596408320,
-            "fused peak bytes": 1479229952,
-            "torch-gmm peak bytes": 1596483584,
-            "plain peak bytes": 1596483584,
-            "rel_diff": {"fused": 0.0042532, "torch-gmm": 0.0, "plain": 0.0026306},
-        }
-    ],
-}
-
-
-def test_from_json_renders_a_file_of_the_bench_before_round_robin(tmp_path, capsys):
-    path = tmp_path / "legacy.json"
-    path.write_text(json.dumps(LEGACY_DOC))
-    old = json.loads(path.read_text())
-    doc = moe_report.upgrade_legacy(old)
-    assert len(doc["rows"]) == 2 * len(old["rows"])
-    r = doc["rows"][0]
-    o = old["rows"][0]
-    assert (r["config"], r["T"], r["routing"], r["pass"]) == ("qwen3", 4096, "uniform", "fwd+bwd")
-    assert r["ms"]["fused"] == o["fused fwd+bwd ms"]
-    want = o["torch-gmm fwd+bwd ms"] / o["fused fwd+bwd ms"]
-    assert r["speed"]["torch-gmm"] == pytest.approx(want)
-    assert r["mem"]["torch-gmm"] == pytest.approx(o["fused peak bytes"] / o["torch-gmm peak bytes"])
-    assert doc["rows"][1]["pass"] == "fwd" and doc["rows"][1]["peak_bytes"]["fused"] is None
-    md = tmp_path / "old.md"
-    assert bench.main(["--from-json", str(path), "--md", str(md)]) == 0
-    text = md.read_text()
-    # qwen3 4096 uniform, fused 2.51, unfused 2.69, torch-gmm 3.06, plain 3.91 (no host time
-    # recorded then: "-")
-    assert (
-        "| qwen3 (2048, 768, 128, 8) | 4096 | uniform | fwd+bwd | 2.51 | - | 2.69 | 3.06 | 3.91 |"
-        in (text)
-    )
-    assert "SonicMoE not measured" in text
-    assert "fused speed / torch-gmm" in capsys.readouterr().out
 
 
 # ---------------------------------------------------------------------- main() end to end

@@ -5,8 +5,8 @@ against them, rows, the summary and the markdown from synthetic results, --dry-r
 --from-json through main(), and main() end to end with CUDA's events, device queries and
 memory counters stood in for (the GPU run itself is the lead's).
 
-``benches/bench_rows.py`` and the modules it is made of (``rows_ops``, ``rows_report``,
-``report``, ``timing``) are loaded from benches/.
+``benches/bench_rows.py`` and the harness modules it uses (``harness.report.rows``,
+``harness.report``, ``harness.timing``) are loaded from benches/.
 """
 
 from __future__ import annotations
@@ -19,11 +19,10 @@ import pytest
 import torch
 from conftest import WallClockEvent, load_bench
 
-timing = load_bench("timing")
-report = load_bench("report")
-rows_ops = load_bench("rows_ops")
-rows_report = load_bench("rows_report")
-bench = load_bench("bench_rows")
+timing = load_bench("harness.timing")
+report = load_bench("harness.report")
+rows_report = load_bench("harness.report.rows")
+bench = rows_ops = load_bench("bench_rows")
 
 BF16 = torch.bfloat16
 

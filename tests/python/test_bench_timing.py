@@ -1,7 +1,7 @@
 """The benches' round-robin timer and bench_gpu.py's pure parts, on the CPU.
 
-``benches/timing.py``, ``benches/bench_gpu.py`` and the modules it is made of
-(``gpu_shapes``, ``gpu_report``, ``gpu_run``) are loaded from benches/. The timer's CUDA
+``harness.timing``, ``bench_gpu`` and its table (``harness.report.gpu``) and shapes
+(``harness.configs``) are loaded from benches/. The timer's CUDA
 calls (events, the spin kernel, synchronize) are replaced by a virtual GPU clock, so the
 order of the samples, the calls per sample, the spin before each sample and the statistics
 are checked against hand-computed values without a GPU.
@@ -17,11 +17,10 @@ import pytest
 import torch
 from conftest import WallClockEvent, load_bench
 
-timing = load_bench("timing")
-report = load_bench("report")
-shapes = load_bench("gpu_shapes")
-gpu_report = load_bench("gpu_report")
-gpu_run = load_bench("gpu_run")
+timing = load_bench("harness.timing")
+report = load_bench("harness.report")
+shapes = load_bench("harness.configs")
+gpu_report = load_bench("harness.report.gpu")
 bench = load_bench("bench_gpu")
 
 
@@ -312,18 +311,6 @@ def test_class_summary_per_class():
     assert "fine-grained (2 rows)" in text and "geomean" in text and "met" not in text
 
 
-def test_old_json_rows_still_summarise():
-    """Rows of result files written before classes and ratio fields (md_table.py reads
-    those through summary())."""
-    old = {"shape": "qwen3-up", "E": 128, "K": 2048, "N": 768, "T": 32768, "routing": "uniform"}
-    old.update({"pass": "fwd", "tflops": {"groupmm": 500.0, "torch": 400.0, "quack": 550.0}})
-    old["roofline"] = 0.7
-    ent = gpu_report.class_summary([old])[0]
-    assert ent["class"] == "fine"
-    assert ent["stats"]["vs_quack"]["min"] == pytest.approx(500 / 550)
-    assert ent["stats"]["vs_torch"]["min"] == pytest.approx(1.25)
-
-
 def test_render_md_names_the_environment_and_every_row(tmp_path):
     rows = [_row(), _row("olmoe-up-dec", "decode", pname="fwd")]
     doc = {
@@ -371,16 +358,16 @@ def test_render_md_names_the_environment_and_every_row(tmp_path):
 def test_estimate_and_dry_run_fit_the_budget(capsys):
     args = bench.parse_args([])
     assert args.rounds == 7 and args.select_rounds == 3 and args.passes == "fwd,dX,dW"
-    plan = shapes.plan_rows(
+    plan = bench.plan_rows(
         shapes.select_shapes(args.shapes), ["fwd", "dX", "dW"], ["uniform", "zipf12"], False
     )
     assert len(plan) == len(shapes.SPECS) * 6
-    est = shapes.estimate_s(plan, args, quack=True)
+    est = bench.estimate_s(plan, args, quack=True)
     assert est["rows"] == len(plan) and est["total_s"] < 360
     assert bench.main(["--dry-run", "--quick", "--shapes", "decode"]) == 0
     out = capsys.readouterr().out
     assert "olmoe-up-dec" in out and "estimated wall" in out
-    q = bench.parse_args(["--quick", "--reps", "20"])
+    q = bench.parse_args(["--quick", "--calls", "20"])
     assert q.rounds == 3 and q.calls == 20 and q.max_calls == 20
 
 
@@ -450,7 +437,7 @@ def test_run_shape_end_to_end_on_the_cpu(monkeypatch):
     fq = FakeQuack()
     seen = []
     passes = ["fwd", "dX", "dW", "fwd+bwd"]
-    rows = gpu_run.run_shape(
+    rows = bench.run_shape(
         "tiny",
         spec,
         64,
@@ -469,7 +456,7 @@ def test_run_shape_end_to_end_on_the_cpu(monkeypatch):
     for r in rows:
         assert r["class"] == "fine" and r["rows_per_group"] == 16
         assert r["ms"]["groupmm"] > 0 and r["ms"]["dense"] > 0 and r["roofline"] > 0
-        assert r["bytes"] == shapes.nbytes_for(r["pass"], 4, 32, 16, 64, 2)
+        assert r["bytes"] == bench.nbytes_for(r["pass"], 4, 32, 16, 64, 2)
         if gmm is not None:
             assert r["vs_torch"] > 0
         if r["pass"] == "fwd+bwd":
@@ -562,7 +549,7 @@ def test_load_docs_reads_a_comma_list_and_upgrades_each(tmp_path):
 
 def test_rr_settings_takes_the_round_robin_arguments_a_command_line_has():
     """timing.rr_settings: round_robin's keyword arguments from parsed args, only those
-    the bench defines (bench_moe has no --graph), nothing else."""
+    the bench defines (bench_transformers has none), nothing else."""
     import argparse
 
     full = argparse.Namespace(
@@ -572,7 +559,6 @@ def test_rr_settings_takes_the_round_robin_arguments_a_command_line_has():
         min_calls=3,
         max_calls=50,
         warmup=2,
-        graph=True,
         budget_s=10,
     )
     assert timing.rr_settings(full) == {
@@ -582,9 +568,5 @@ def test_rr_settings_takes_the_round_robin_arguments_a_command_line_has():
         "min_calls": 3,
         "max_calls": 50,
         "warmup": 2,
-        "graph": True,
     }
-    no_graph = argparse.Namespace(
-        rounds=1, sample_ms=1.0, calls=2, min_calls=1, max_calls=9, warmup=1
-    )
-    assert "graph" not in timing.rr_settings(no_graph)
+    assert timing.rr_settings(argparse.Namespace(rounds=1, reps=10)) == {"rounds": 1}

@@ -1,5 +1,5 @@
 """benches/profile_moe.py on the CPU: kernel categories, per-category sums, the row
-summaries, the markdown (benches/profile_report.py), argument parsing, and main()'s flow
+summaries, the markdown (benches/harness/report/profile.py), argument parsing, and main()'s flow
 with the profiler, CUDA and SonicMoE stood in for (the GPU run itself is the lead's)."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pytest
 import torch
 from conftest import load_bench
 
-configs = load_bench("moe_configs")
-sonic = load_bench("peer_sonicmoe")
-prof_report = load_bench("profile_report")
+configs = load_bench("harness.configs")
+sonic = load_bench("peers.sonicmoe")
+prof_report = load_bench("harness.report.profile")
 prof = load_bench("profile_moe")
 
 # kernel names as torch.profiler shows them in a GPU profile; SonicMoE's quack

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-from report import dist_version, error_text  # benches/report.py, same folder
+from harness.report import dist_version, error_text
 
 if TYPE_CHECKING:
     from groupmm.moe import MoELayer

@@ -14,7 +14,7 @@ import argparse
 
 import torch
 import torch.distributed as dist
-from report import dist_version, error_text  # benches/report.py, same folder
+from harness.report import dist_version, error_text
 
 
 class _GlooDist:

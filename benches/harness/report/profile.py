@@ -1,35 +1,17 @@
-"""profile_moe.py's rows and their rendering: pure functions of numbers (CPU-tested).
-
-Each kernel a profile lists gets a category (:func:`classify`, ``KERNEL_PATTERNS``: gemm,
-rows, routing, elementwise, other); a row (:func:`make_row`) is one implementation's
-kernels per step at one (config, tokens) with their total and per-category sums;
-:func:`render_md` puts fused and SonicMoE side by side with the gap between them
-(:func:`gap`).
-"""
+"""profile_moe.py's rows and tables: each kernel in a category, per-category sums, the gap
+between groupmm's fused step and SonicMoE's."""
 
 from __future__ import annotations
 
-from report import fmt  # benches/report.py, same folder
+from harness.report import fmt
 
 #: the categories, in the order of every sum and table
 CATEGORIES = ("gemm", "rows", "routing", "elementwise", "other")
 
-#: how a kernel gets its category: case-insensitive substrings of the full kernel name; the
-#: first category (in this order) with a matching pattern wins, "other" when none does.
-#: gemm comes first because GEMM kernel names carry words of the others (CuTe DSL names
-#: spell out copy atoms, quack's gathered-A GEMMs "gather"); routing before rows because
-#: top-k and the routing-metadata kernels gather and scatter indices (``gatherTopK``,
-#: SonicMoE's ``_softmax_bwd_scatter_small_kernel``); rows before elementwise because
-#: copies run as at::native elementwise kernels (``direct_copy_kernel_cuda``). Not a
-#: pattern: "cutlass" (CuTe DSL names every kernel it compiles ``kernel_cutlass_...``,
-#: SonicMoE's top-k included; CUTLASS GEMMs say "gemm" anyway).
-#: SonicMoE's own kernels: GEMMs are quack's CuTe DSL ones
-#: (``kernel_cutlass_kernel_quackgemm_actGemmGatedSm90...``, ``..._default_epiGemmDefaultSm90``,
-#: ``..._dactGemmDGatedSm90``), routing a CuTe DSL ``TopK_Softmax`` and Triton
-#: ``_compute_col_partial_sum_kernel`` / ``_bitmatrix_metadata_compute_stage{1,2}`` /
-#: ``_softmax_bwd_scatter_small_kernel``, rows Triton ``token_gather_sum_kernel`` (the
-#: weighted combine and the backward's sum over k). Adjust here after seeing real names
-#: (the JSON keeps them whole, and records these patterns).
+#: a kernel's category: the first (in this order) with a case-insensitive substring of its
+#: name; gemm first (GEMM names carry the others' words), routing before rows (top-k
+#: kernels gather and scatter indices), rows before elementwise (copies run as elementwise
+#: kernels); "other" when none matches
 KERNEL_PATTERNS = (
     (
         "gemm",
@@ -239,7 +221,7 @@ def render_md(doc: dict) -> str:
         "",
         "rest = routing + elementwise + other; gap = fused - SonicMoE (> 0: fused is "
         "behind), split as gemm + non-gemm. Categories: `KERNEL_PATTERNS` in "
-        "benches/profile_report.py.",
+        "benches/harness/report/profile.py.",
         "",
         "| config | T | impl | total ms | " + " | ".join(CATEGORIES) + " |",
         "| --- | ---: | --- | ---: | " + " | ".join(["---:"] * len(CATEGORIES)) + " |",

@@ -1,31 +1,26 @@
-"""bench_rows.py's rows, summaries and rendering: pure functions of numbers (CPU-tested).
-
-A row (:func:`make_row`) holds per implementation (``IMPLS``: groupmm, torch, the copy)
-the median ms, spread and per-round samples, the GB/s of the op's bytes, groupmm's
-fraction of the copy and its speed over torch (``paired``: round by round), the check and
-why any has no figure; :func:`summarize` holds them per op; :func:`render_md` is the
-markdown, :func:`merge_docs` what ``--from-json`` of several files reads.
-"""
+"""bench_rows.py's rows, summaries and table: groupmm's fraction of the copy bandwidth."""
 
 from __future__ import annotations
 
-from report import (  # benches/report.py, same folder
+from harness.report import (
     build_info_text,
     commands,
-    differ,
     fmt,
     gmean,
     md_head,
-    merge_runs,
     min_stats,
     no_figure_lines,
     timed_errors,
     timed_fields,
     with_spread,
 )
-from rows_ops import DTYPES, OPS, key, label  # benches/rows_ops.py, same folder
-from timing import paired  # benches/timing.py, same folder
+from harness.report import (
+    merge_docs as merge,
+)
+from harness.timing import paired
 
+OPS = ("combine", "sum", "gather", "scatter")
+DTYPES = ("bf16", "fp16", "fp32")
 #: the columns of a row's round-robin; copy is the reference of the fraction
 IMPLS = ("groupmm", "torch", "copy")
 #: groupmm / copy below this is flagged
@@ -57,6 +52,10 @@ def make_row(base: dict, timed: dict, chk=None, errors=None) -> dict:
     row["check_how"] = chk.get("how")
     row["errors"] = timed_errors(timed, IMPLS, errors)
     return row
+
+
+def label(row: dict) -> str:
+    return f"{row['op']} {row['dtype']} T={row['T']} D={row['D']} k={row['k']}"
 
 
 def flagged(row: dict) -> bool:
@@ -160,12 +159,9 @@ def describe_env(doc: dict) -> list:
 
 def ordered(rows) -> list:
     """Rows for the table: by op (OPS order), dtype, T, D, k."""
-    dts = list(DTYPES)
-
-    def sort_key(r):
-        return (OPS.index(r["op"]), dts.index(r["dtype"]), r["T"], r["D"], r["k"])
-
-    return sorted(rows, key=sort_key)
+    return sorted(
+        rows, key=lambda r: (OPS.index(r["op"]), DTYPES.index(r["dtype"]), r["T"], r["D"], r["k"])
+    )
 
 
 TABLE_HEAD = (
@@ -242,29 +238,8 @@ ENV_KEYS = ("device", "torch", "cuda", "groupmm", "timer")
 
 
 def merge_docs(docs: list) -> dict:
-    """Several result documents as one: rows in order of first appearance, a row measured
-    in several (same op, dtype, T, D, k) taken from the last; the command of each run;
-    skipped rows that no run measured; the keys of ENV_KEYS that differ (``merged_differ``)."""
-    if len(docs) == 1:
-        return docs[0]
-    out = merge_runs(docs)
-    by_key = {}
-    for d in docs:
-        for r in d.get("rows", []):
-            by_key[key(r)] = r  # insertion order kept, value replaced by a later run
-    out["rows"] = list(by_key.values())
-    shapes = {f"{r['dtype']} T={r['T']} D={r['D']} k={r['k']}" for r in out["rows"]}
-    done = {label(r) for r in out["rows"]} | shapes
-    skipped, seen = [], set()
-    for d in docs:
-        for s in d.get("skipped", []):
-            if s["row"] not in done and s["row"] not in seen:
-                seen.add(s["row"])
-                skipped.append(s)
-    out["skipped"] = skipped
-    out["merged_differ"] = differ(docs, out, ENV_KEYS)
-    out["summary"] = summarize(out["rows"])
-    return out
+    """Several documents as one; a row measured twice taken from the later file."""
+    return merge(docs, label, ENV_KEYS, summarize, lambda r: label(r).split(" ", 1)[1])
 
 
 def print_table(doc) -> None:

@@ -1,24 +1,14 @@
-"""bench_ep.py's rows and rendering: pure functions of numbers (CPU-tested).
-
-A row (:func:`make_row`) is one (config, routing) at W ranks from every rank's numbers:
-per implementation the step time (median over the rounds of the slowest rank's sample),
-tokens/s per GPU, the phase medians (largest over ranks), the EP efficiency (the whole
-layer's step on one GPU over this one's), the speed against torchtitan, the experts time
-against the single-GPU reference's and, for groupmm's fused EP paths, the rows and bytes
-of the step's exchanges (:func:`exchange_sizes`); the row's all-to-all bandwidth
-(:func:`alltoall_figures`). :func:`render_md` is the markdown (the EP efficiency table
-first, then the step table and the bandwidth table), :func:`check_lines` the check's
-summary, :func:`merge_docs` what ``--from-json`` of several runs (e.g. W = 1, 2, 4) reads;
-files written before the efficiency and bandwidth fields render without them.
-"""
+"""bench_ep.py's rows and tables: step times, EP efficiency, the split, exchanges, checks."""
 
 from __future__ import annotations
 
 import statistics
 
-from ep_split import PHASES  # benches/ep_split.py, same folder
-from report import commands, fmt, md_head, merge_runs, no_figure_lines
-from timing import paired  # benches/timing.py, same folder
+from harness.report import commands, fmt, md_head, merge_runs, no_figure_lines
+from harness.timing import paired
+
+#: the phases of a step, in table order
+PHASES = ("dispatch", "experts", "combine")
 
 #: the implementations, in table order
 IMPLS = (
@@ -54,6 +44,22 @@ ALLTOALL = {
     "fixed": "all_to_all_single, fixed-size rows (W*T)",
     "exact": "all_to_all_single, exact dispatch rows",
 }
+
+
+def phases_of(ms, st: dict, ep: bool = True) -> dict:
+    """One step's ``{"step", "dispatch", "experts", "combine"}`` ms from its stamps
+    (``ms(a, b)``: ms between two stamps); an EP step missing a boundary has only
+    ``step``; a non-EP step (``ep=False``) is all experts (no dispatch, no combine)."""
+    out = {"step": ms(st["t0"], st["t1"])}
+    if not ep:
+        out["experts"] = out["step"]
+        return out
+    if not all(k in st for k in ("f1", "f2", "f3", "b2", "b1")):
+        return out
+    out["dispatch"] = ms(st["t0"], st["f1"]) + ms(st["b1"], st["t1"])
+    out["experts"] = ms(st["f1"], st["f2"]) + ms(st["b2"], st["b1"])
+    out["combine"] = ms(st["f2"], st["f3"]) + ms(st["f3"], st["b2"])
+    return out
 
 
 def exchange_sizes(ins: list, outs: list, row_bytes: int) -> dict:

@@ -1,12 +1,6 @@
-"""The command line the benches share: the parser (:func:`parser`, the module docstring
-as its help), the timer's flags (:func:`add_rr_args`, :func:`check_rr_args`; their values
-reach ``timing.round_robin`` through ``timing.rr_settings``), the outputs' flags
-(:func:`add_output_args`), comma lists (:func:`comma_list`, :func:`check_lists`), the
-``--budget-s`` rule (:func:`budget_spent`), the no-GPU exit (:func:`no_cuda`) and the
-process group of the multi-GPU benches (:func:`init_ranks`).
-
-    from cli import parser, ...  # benches/cli.py, same folder
-"""
+"""The command line the benches share: the parser, the timer's and the outputs' flags,
+comma lists, ``--budget-s``, the no-GPU exit and the process group of the multi-GPU
+benches."""
 
 from __future__ import annotations
 
@@ -21,8 +15,7 @@ import torch
 
 
 def line_buffered_stdout() -> None:
-    """Print every line as it comes (a bench's progress reaches a log that a time limit
-    may cut off), where the stream allows it."""
+    """Print every line as it comes (a log cut off by a time limit keeps the progress)."""
     try:
         sys.stdout.reconfigure(line_buffering=True)
     except AttributeError:
@@ -37,9 +30,8 @@ def parser(doc: str) -> argparse.ArgumentParser:
 
 
 def add_output_args(p, budget: str = "row", png: bool = False, merge: bool = True) -> None:
-    """``--budget-s`` (no new ``budget`` starts once spent), ``--json``, ``--md`` (both
-    rewritten after every row), ``--png`` (with ``png``), ``--dry-run`` and ``--from-json``
-    (a comma list merged into one table with ``merge``, else one file)."""
+    """``--budget-s``, ``--json``, ``--md``, ``--png`` (with ``png``), ``--dry-run`` and
+    ``--from-json`` (a comma list merged into one table with ``merge``)."""
     p.add_argument(
         "--budget-s", type=float, default=0, help=f"start no new {budget} after this many seconds"
     )
@@ -48,62 +40,27 @@ def add_output_args(p, budget: str = "row", png: bool = False, merge: bool = Tru
     if png:
         p.add_argument("--png", help="a chart of the run (needs matplotlib)")
     p.add_argument("--dry-run", action="store_true", help="print the rows and an estimate")
-    if merge:
-        outs = "--md, --png, and --json" if png else "--md, and --json"
-        p.add_argument(
-            "--from-json",
-            help=f"render result files (comma list: merged into one table; {outs} for the "
-            "merged file); no GPU",
-        )
-    else:
-        p.add_argument("--from-json", help="render a result file (table, --md, --png); no GPU")
+    what = "result files (comma list: merged into one table)" if merge else "a result file"
+    p.add_argument("--from-json", help=f"render {what}; no GPU")
 
 
-def add_rr_args(
-    p,
-    rounds,
-    sample_ms,
-    min_calls,
-    max_calls,
-    warmup=2,
-    unit="calls",
-    reps=False,
-    graph=False,
-    notes=None,
-):
-    """The flags of ``RR_ARGS`` on the parser ``p`` with these defaults (``unit``: what a
-    sample repeats, "calls" or "steps"; ``notes``: flag -> words added to its help, e.g.
-    defaults that depend on another flag), ``--reps`` (the old name of ``--calls``) with
-    ``reps``, ``--graph`` with ``graph``."""
+def add_rr_args(p, rounds, sample_ms, min_calls, max_calls, warmup=2, unit="calls", notes=None):
+    """The timer's flags (``harness.timing.RR_ARGS``) with these defaults; ``notes``: flag
+    -> words added to its help."""
     notes = notes or {}
 
     def h(key, text=""):
         return " ".join(t for t in (text, notes.get(key)) if t) or None
 
-    p.add_argument(
-        "--rounds", type=int, default=rounds, help=h("rounds", "round-robin rounds per row")
-    )
-    p.add_argument(
-        "--sample-ms",
-        type=float,
-        default=sample_ms,
-        help=h("sample_ms", "target GPU ms of a sample"),
-    )
+    p.add_argument("--rounds", type=int, default=rounds, help=h("rounds", "round-robin rounds"))
+    p.add_argument("--sample-ms", type=float, default=sample_ms, help=h("sample_ms", "GPU ms"))
     p.add_argument("--calls", type=int, help=f"fixed back-to-back {unit} per sample")
-    if reps:
-        p.add_argument("--reps", type=int, help="old name of --calls")
     p.add_argument("--min-calls", type=int, default=min_calls)
     p.add_argument("--max-calls", type=int, default=max_calls, help=h("max_calls"))
     p.add_argument("--warmup", type=int, default=warmup, help=f"{unit} before timing, per row")
-    if graph:
-        p.add_argument("--graph", action="store_true", help="each sample one CUDA graph replay")
 
 
 def check_rr_args(p, args) -> None:
-    """``--calls`` from ``--reps`` where only the old name is given; rounds, calls and
-    warm-up at least 1 (else ``p.error``)."""
-    if args.calls is None:
-        args.calls = getattr(args, "reps", None)
     if min(args.rounds, args.min_calls, args.max_calls, args.warmup) < 1:
         p.error("rounds, calls and warmup must be at least 1")
 
@@ -132,15 +89,12 @@ def budget_spent(args, t_start: float, spec: str = "g"):
 
 
 def comma_list(arg: str) -> list:
-    """The items of a comma list, stripped, empty ones left out."""
     return [t.strip() for t in arg.split(",") if t.strip()]
 
 
 def init_ranks(device, timeout_s: float) -> torch.device:
-    """``torch.distributed`` for a bench run under ``torchrun`` (one process per GPU):
-    NCCL on this process's GPU when ``device`` is "cuda" (None: "cuda" when there is
-    one), else gloo on the CPU; a plain ``python3 bench.py`` becomes a world of one on a
-    free local port. Returns this process's device."""
+    """``torch.distributed`` for a run under ``torchrun``: NCCL on this process's GPU, or
+    gloo on the CPU; a plain ``python3`` run is a world of one. Returns the device."""
     import torch.distributed as dist
 
     if "RANK" not in os.environ:
@@ -158,3 +112,17 @@ def init_ranks(device, timeout_s: float) -> torch.device:
         return dev
     dist.init_process_group("gloo", timeout=timeout)
     return torch.device("cpu")
+
+
+def leave(code: int) -> None:
+    """End every rank of a multi-GPU bench together, without destroying the process group
+    (gloo's teardown after collectives sometimes aborts)."""
+    import torch.distributed as dist
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        dist.barrier()
+    except Exception:  # noqa: BLE001 - a rank that failed already
+        pass
+    os._exit(code)

@@ -7,7 +7,7 @@ ones; :func:`quack_candidates`) and the host cost of one call (:func:`quack_host
 from __future__ import annotations
 
 import torch
-from report import dist_version, error_text  # benches/report.py, same folder
+from harness.report import dist_version, error_text
 
 #: quack's configurations (PEERS.md): name -> (tile_m, tile_n, pingpong), None = its default
 QUACK_CONFIGS = {
@@ -60,7 +60,7 @@ def quack_candidates(Q, a, b, kind, cu, oshape) -> dict:
 
 def quack_host_cost(Q, n=500):
     """Host µs per call of quack's default configuration on the same small packed forward."""
-    from host_cost import per_call_us  # benches/host_cost.py, same folder
+    from host_cost import per_call_us
 
     E, K, N, T = 8, 128, 128, 256
     x = torch.randn(T, K, device="cuda", dtype=torch.bfloat16)

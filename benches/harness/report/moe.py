@@ -1,24 +1,14 @@
-"""bench_moe.py's rows, summaries and rendering: pure functions of numbers (CPU-tested).
-
-A row (:func:`make_row`) holds per implementation (``IMPLS``) the median ms, its spread
-and per-round samples, the peak bytes of a step, the output and gradient differences to
-fused's, fused's speed and memory over each other implementation (:func:`ratios`,
-``paired``: round by round) and why any has no figure; :func:`summarize` sums them up
-over the rows; :func:`render_md` is the markdown table, :func:`render_png`
-the chart, :func:`merge_docs` and :func:`upgrade_legacy` what ``--from-json`` reads.
-"""
+"""bench_moe.py's rows, summaries and tables: fused is the reference of every ratio."""
 
 from __future__ import annotations
 
-from moe_configs import PASSES  # benches/moe_configs.py, same folder
-from report import (  # benches/report.py, same folder
+from harness.report import (
+    bars,
     build_info_text,
     chart,
     commands,
-    differ,
     fmt,
     md_head,
-    merge_runs,
     min_stats,
     no_figure_lines,
     save_png,
@@ -26,7 +16,10 @@ from report import (  # benches/report.py, same folder
     timed_fields,
     with_spread,
 )
-from timing import paired  # benches/timing.py, same folder
+from harness.report import (
+    merge_docs as merge,
+)
+from harness.timing import paired
 
 #: the columns, in the order of the tables; fused is the reference of every ratio
 IMPLS = ("fused", "groupmm", "torch-gmm", "plain", "sonicmoe")
@@ -45,10 +38,8 @@ SCRIPT = "python3 benches/bench_moe.py"
 
 
 def make_row(base: dict, timed: dict, peaks=None, diffs=None, grad_diffs=None, errors=None):
-    """One result row. ``timed``: implementation -> ``round_robin`` result (any may be
-    missing or failed); ``peaks``: implementation -> peak bytes; ``diffs`` /
-    ``grad_diffs``: relative differences to fused's output / gradients; ``errors``:
-    implementation -> why it has no figure (merged with round_robin's errors)."""
+    """One result row: ``round_robin``'s results, peak bytes, the output and gradient
+    differences to fused's and why any implementation has no figure."""
     peaks, diffs, grad_diffs = peaks or {}, diffs or {}, grad_diffs or {}
     row = dict(base)
     row.update(timed_fields(timed, IMPLS))
@@ -64,8 +55,7 @@ def make_row(base: dict, timed: dict, peaks=None, diffs=None, grad_diffs=None, e
 
 
 def ratios(row: dict) -> dict:
-    """fused's speed over each other implementation (their time over fused's: > 1 favours
-    fused) and fused's peak memory over theirs (< 1: fused takes less)."""
+    """fused's speed over each other (> 1 favours fused) and its peak memory over theirs."""
     ms, pk = row.get("ms", {}), row.get("peak_bytes", {})
     f, pf = ms.get("fused"), pk.get("fused")
     speed = {k: (ms[k] / f if f and ms.get(k) else None) for k in IMPLS if k != "fused"}
@@ -78,9 +68,7 @@ def label(row: dict) -> str:
 
 
 def summarize(rows) -> dict:
-    """Over the fwd+bwd rows: fused's speed over SonicMoE, torch-gmm and plain (count,
-    geomean, min and the row holding it, max) and fused's memory over SonicMoE's (max and
-    the rows above 1)."""
+    """Over the fwd+bwd rows: fused's speed and memory over each other implementation."""
     rs = [r for r in rows if r.get("pass", "fwd+bwd") == "fwd+bwd"]
     out = {"rows": len(rs), "speed": {}, "mem": {}}
     for k in ("sonicmoe", "torch-gmm", "plain", "groupmm"):
@@ -119,9 +107,7 @@ def _mib(v):
 
 
 def format_row(row: dict) -> str:
-    """One progress line: ms per implementation (± half the min-max range over the
-    rounds, in % of the median), fused's speed over each, peak MiB, SonicMoE's output
-    difference to fused's."""
+    """One progress line: ms, fused's speed over each, peak MiB, SonicMoE's difference."""
 
     def cell(k):
         return with_spread(row, k, row["ms"].get(k), ".3f", sep="")
@@ -163,14 +149,11 @@ def describe_env(doc: dict) -> list:
             "spread min-max; SonicMoE warmed up (JIT compile, autotune) with one step per "
             "row before timing"
         )
-    elif doc.get("legacy"):
-        lines.append("timer: CUDA events per step, steps back to back, median (no interleaving)")
     return lines
 
 
 def check_lines(rows) -> list:
-    """Per implementation, the largest relative difference of its output and of its
-    gradients to fused's over the rows, and where."""
+    """Per implementation, its largest output and gradient difference to fused's."""
     lines = []
     for k in IMPLS[1:]:
         out = [(r["rel_diff"][k], label(r)) for r in rows if (r.get("rel_diff") or {}).get(k)]
@@ -191,10 +174,8 @@ def check_lines(rows) -> list:
 
 
 def render_md(doc: dict) -> str:
-    """The result document as markdown: environment, command, summary, one table row per
-    result row (ms: median, and the min-max over the rounds in %; ratios: fused's speed
-    over the others, ratio of medians and the range of the round-by-round ratios; bold
-    where fused is slower than SonicMoE or takes more memory)."""
+    """Environment, command, summary, one line per row (bold where fused is slower than
+    SonicMoE or takes more memory), errors, checks."""
     out = md_head(describe_env(doc), doc, commands(doc, SCRIPT))
     rows = doc.get("rows", [])
     out += [""] + [ln + "  " for ln in summary_lines(rows)]
@@ -213,8 +194,7 @@ def render_md(doc: dict) -> str:
         return s + (f" ({p['min']:.2f}–{p['max']:.2f})" if p else "")
 
     def host_cell(r):
-        # the host's time per fused step, bold where it is not below the GPU time (there
-        # the GPU waits for the host)
+        # bold where the host's time per step reaches the GPU's (the GPU waits for it)
         h, g = (r.get("host_ms") or {}).get("fused"), r["ms"].get("fused")
         if h is None:
             return "-"
@@ -261,8 +241,7 @@ def render_md(doc: dict) -> str:
 
 
 def render_png(doc: dict, path: str) -> bool:
-    """ms per row and implementation (bars, min-max whiskers) over peak MiB; False when
-    matplotlib is missing or there are no rows."""
+    """ms per row and implementation (min-max whiskers) over peak MiB."""
     got = chart(doc)
     if got is None:
         return False
@@ -270,32 +249,23 @@ def render_png(doc: dict, path: str) -> bool:
     impls = [k for k in IMPLS if any(r["ms"].get(k) for r in rows)]
     if not impls:
         return False
-    n = len(rows)
-    xs = list(range(n))
-    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(max(8, 1.3 * n), 8), sharex=True)
-    w = 0.8 / len(impls)
-    for i, k in enumerate(impls):
-        vals, lo, hi, mib = [], [], [], []
-        for r in rows:
-            v = r["ms"].get(k) or 0.0
-            sp = (r.get("spread_ms") or {}).get(k)
-            vals.append(v)
-            lo.append(v - sp["min"] if sp and v else 0.0)
-            hi.append(sp["max"] - v if sp and v else 0.0)
-            mib.append(((r.get("peak_bytes") or {}).get(k) or 0) / 2**20)
-        pos = [x + (i - (len(impls) - 1) / 2) * w for x in xs]
-        ax.bar(pos, vals, w, yerr=[lo, hi], error_kw={"elinewidth": 0.6}, label=LABELS[k])
-        ax2.bar(pos, mib, w, label=LABELS[k])
+    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(max(8, 1.3 * len(rows)), 8), sharex=True)
+
+    def whisker(r, k):
+        sp, v = (r.get("spread_ms") or {}).get(k), r["ms"].get(k)
+        return (v - sp["min"], sp["max"] - v) if sp and v else None
+
+    bars(ax, rows, impls, lambda r, k: r["ms"].get(k), whisker, LABELS)
+    peak = lambda r, k: ((r.get("peak_bytes") or {}).get(k) or 0) / 2**20  # noqa: E731
+    bars(ax2, rows, impls, peak, lambda r, k: None, LABELS)
     ax.set_ylabel("ms per step (median, min-max)")
     ax2.set_ylabel("peak MiB above inputs")
     ax.legend(fontsize=8)
-    title = describe_env(doc)[:2]
-    title += commands(doc, SCRIPT)
+    title = describe_env(doc)[:2] + commands(doc, SCRIPT)
     ax.set_title("\n".join(ln[:150] for ln in title), fontsize=8)
-    ax2.set_xticks(xs)
-    ax2.set_xticklabels(
-        [f"{r['config']}\nT={r['T']} {r['routing']}\n{r['pass']}" for r in rows], fontsize=7
-    )
+    ax2.set_xticks(list(range(len(rows))))
+    ticks = [f"{r['config']}\nT={r['T']} {r['routing']}\n{r['pass']}" for r in rows]
+    ax2.set_xticklabels(ticks, fontsize=7)
     return save_png(plt, fig, path)
 
 
@@ -304,47 +274,7 @@ ENV_KEYS = ("device", "torch", "cuda", "dtype", "groupmm", "sonicmoe", "versions
 
 
 def merge_docs(docs: list) -> dict:
-    """Several result documents (e.g. one per device command) as one: rows in order,
-    the command of each run, skipped rows that no other run measured, and the keys of
-    ENV_KEYS that differ between the runs (``merged_differ``)."""
-    if len(docs) == 1:
-        return docs[0]
-    out = merge_runs(docs)
-    done = {label(r) for r in out["rows"]}
-    out["skipped"] = [s for d in docs for s in d.get("skipped", []) if s["row"] not in done]
-    out["merged_differ"] = differ(docs, out, ENV_KEYS)
-    out["summary"] = summarize(out["rows"])
-    return out
-
-
-def upgrade_legacy(doc: dict) -> dict:
-    """A result file of this bench before round-robin timing (rows with ``"<impl> fwd+bwd
-    ms"`` keys) as a document of the current form: one fwd+bwd and one fwd row each."""
-    if doc.get("schema"):
-        return doc
-    rows = []
-    for old in doc.get("rows", []):
-        for p in PASSES:
-            r = {k: old[k] for k in ("config", "d_model", "d_ff", "experts", "top_k", "T")}
-            r["routing"] = old.get("routing", "uniform")
-            r["pass"] = p
-            r["ms"] = {k: old.get(f"{k} {p} ms") for k in IMPLS}
-            r["peak_bytes"] = {
-                k: old.get(f"{k} peak bytes") if p == "fwd+bwd" else None for k in IMPLS
-            }
-            r["rel_diff"] = old.get("rel_diff") or {}
-            r.update(ratios(r))
-            rows.append(r)
-    return {
-        "schema": "moe-legacy",
-        "legacy": True,
-        "device": doc.get("device"),
-        "torch": doc.get("torch"),
-        "dtype": str(doc.get("dtype", "")).replace("torch.", ""),
-        "sonicmoe": False,
-        "sonicmoe_why": "not in this bench then",
-        "rows": rows,
-    }
+    return merge(docs, label, ENV_KEYS, summarize)
 
 
 def print_table(doc) -> None:

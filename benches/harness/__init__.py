@@ -1,0 +1,1 @@
+"""The harness every bench runs on: timer, command line, configurations, result files."""

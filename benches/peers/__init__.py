@@ -1,0 +1,1 @@
+"""The implementations the benches measure groupmm against, one module per peer."""
