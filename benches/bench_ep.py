@@ -7,7 +7,7 @@ bandwidth of the same exchanges.
         [--configs qwen3-30b-a3b,olmoe,mixtral] [--routing uniform,skewed] \
         [--tokens-per-gpu 16384] [--check] [--json OUT.json] [--md OUT.md] \
         [--device cuda|cpu] [--dtype bf16|fp32|fp64] [--a2a-samples 10] \
-        [--impls fused,fixed,pipelined,unfused,torchtitan,tt_groupmm,tt_seam,whole,single]
+        [--impls fused,fixed,pipelined,torchtitan,whole]
     torchrun --standalone --nproc-per-node 2 benches/bench_ep.py --device cpu --configs tiny \
         --check                                  # a smoke run on gloo (CPU)
     python3 benches/bench_ep.py --from-json w1.json,w2.json [--md all.md]   # no GPU
@@ -15,11 +15,9 @@ bandwidth of the same exchanges.
 Implementations, on the same tokens, routing and expert weights: ``fused`` (``MoELayer``
 with ``ep_group``), ``fixed`` (fixed-size exchanges, ``ep_capacity=T``: no host sync),
 ``pipelined`` (``fixed`` in ``--pipeline-chunks`` slices, the experts on
-``--pipeline-sms`` SMs), ``unfused`` (``fused=False``), ``torchtitan`` (its
-``RoutedExperts``: dispatcher + ``GroupedExperts``), ``tt_groupmm`` / ``tt_seam``
-(torchtitan's classes with groupmm's fused block / products), ``whole`` (every expert on
-one GPU, this rank's tokens, no exchange: the reference of the EP efficiency) and
-``single`` (the fused block on this rank's received rows: the experts' reference).
+``--pipeline-sms`` SMs), ``torchtitan`` (its ``RoutedExperts``: dispatcher +
+``GroupedExperts``) and ``whole`` (every expert on one GPU, this rank's tokens, no
+exchange: the reference of the EP efficiency).
 
 Timing: the implementations take turns over ``--rounds`` rounds (``--calls`` steps a
 sample, a synchronize and a barrier before each); a step's time is the median over the
@@ -38,11 +36,10 @@ from typing import Any
 
 import groupmm
 import groupmm._fixed as gfixed
-import groupmm.moe as gmoe
 import groupmm.parallel as gpar
 import torch
 import torch.distributed as dist
-from ep_run import TT_IMPLS, agree, run_row
+from ep_run import agree, run_row
 from harness.cli import (
     comma_list,
     init_ranks,
@@ -134,23 +131,9 @@ class Split:
 
 
 def install_split(split: Split) -> None:
-    """Put the local experts of both groupmm EP paths between the two marks: the
-    local-experts callable of ``groupmm.parallel.dispatch_combine`` (MoELayer's unfused EP
-    path) and ``groupmm.parallel._block`` (the fused one, ``expert_parallel_block``, with
-    exact and with fixed sizes alike: both call it between their exchanges)."""
-    real = gpar.dispatch_combine
-
-    def dispatch_combine(x, expert_ids, weights, num_local, experts, group=None):
-        def local(received, p):
-            y = experts(split.mark(received, "f1", "b1"), p)
-            return split.mark(y, "f2", "b2")
-
-        return real(x, expert_ids, weights, num_local, local, group)
-
-    gmoe.dispatch_combine = dispatch_combine  # MoELayer's unfused EP path, imported name
-
-    # the fused path (expert_parallel_block: one row per token and rank; exact or fixed
-    # sizes) runs its local experts as parallel._block, between its exchanges
+    """Put the local experts of groupmm's fused EP path (``expert_parallel_block``, exact
+    and fixed sizes alike: both call ``groupmm.parallel._block`` between their exchanges)
+    between the two marks."""
     real_block = gpar._block
 
     def block(x, w_in, w_out, offs, src, inverse, weights, up=None):
@@ -269,7 +252,7 @@ def run(args, argv, dev, rank: int, W: int) -> int:
     if not args.no_split:
         install_split(split)
     tt, tt_why = None, "--no-torchtitan"
-    if not args.no_torchtitan and set(TT_IMPLS) & set(args.impls.split(",")):
+    if not args.no_torchtitan and "torchtitan" in args.impls.split(","):
         tt, tt_why = load_torchtitan(args.tt_backend, mesh, gloo=not cuda)
     if not agree(tt is not None, dev):
         tt, tt_why = None, tt_why or "torchtitan failed to load on another rank"

@@ -10,31 +10,17 @@ from harness.timing import paired
 #: the phases of a step, in table order
 PHASES = ("dispatch", "experts", "combine")
 
-#: the implementations, in table order
-IMPLS = (
-    "fused",
-    "fixed",
-    "pipelined",
-    "unfused",
-    "torchtitan",
-    "tt_groupmm",
-    "tt_seam",
-    "whole",
-    "single",
-)
+#: the implementations, in table order (a result file's others are left out of its tables)
 LABELS = {
     "fused": "groupmm fused",
     "fixed": "groupmm fused, fixed sizes",
     "pipelined": "groupmm fused, fixed sizes, pipelined",
-    "unfused": "groupmm unfused",
     "torchtitan": "torchtitan",
-    "tt_groupmm": "torchtitan + groupmm experts",
-    "tt_seam": "torchtitan + groupmm products",
     "whole": "whole layer, one GPU (ref)",
-    "single": "single-GPU fused (ref)",
 }
-#: the references on one GPU: no exchange, the whole step is experts
-LOCAL = ("whole", "single")
+IMPLS = tuple(LABELS)
+#: the reference on one GPU: no exchange, the whole step is experts
+LOCAL = ("whole",)
 #: the EP implementations, in table order (each has an EP efficiency against ``whole``)
 EP_IMPLS = tuple(n for n in IMPLS if n not in LOCAL)
 #: groupmm's fused EP paths, whose exchanges the row sizes (exact and fixed sizes)
@@ -106,9 +92,9 @@ def make_row(spec: dict, W: int, everyone: list, names: list, errors, check, dty
     """The row from every rank's numbers: per implementation the step time (median over
     the rounds of the slowest rank's sample), tokens/s per GPU, the phase medians (largest
     over ranks), the EP efficiency (``whole``'s step over this one's), the speed against
-    torchtitan, the experts time against single's and (fused, fixed) the exchanges' rows
-    and bytes; the row's all-to-all bandwidth. A rank's numbers without ``splits``,
-    ``row_bytes`` or ``alltoall`` (not measured) leave those figures out."""
+    torchtitan and (fused, fixed) the exchanges' rows and bytes; the row's all-to-all
+    bandwidth. A rank's numbers without ``splits``, ``row_bytes`` or ``alltoall`` (not
+    measured) leave those figures out."""
     recv = [o["recv_rows"] for o in everyone]
     mean = sum(recv) / len(recv)
     row = dict(spec, world=W, dtype=dtype, recv_rows=recv)
@@ -151,13 +137,6 @@ def make_row(spec: dict, W: int, everyone: list, names: list, errors, check, dty
         v["ep_efficiency_rounds"] = (
             paired(v["samples_ms"], whole["samples_ms"]) if has_whole else None
         )
-        ratios = []
-        for o in everyone:
-            mine, ref = o["phases"].get(n, {}), o["phases"].get("single", {})
-            if mine.get("experts") and ref.get("experts"):
-                ratios.append(mine["experts"] / ref["experts"])
-        v["experts_vs_single_per_rank"] = ratios if len(ratios) == len(everyone) else None
-        v["experts_vs_single"] = max(ratios) if len(ratios) == len(everyone) else None
     row_bytes = everyone[0].get("row_bytes")
     splits = [o.get("splits") for o in everyone]
     if row_bytes:
@@ -206,8 +185,7 @@ def format_line(row: dict, name: str) -> str:
         f"{label(row):28} {name:10} step {fmt(v['step_ms'], '8.3f')} ms  "
         f"{fmt_rate(v['tokens_per_s_per_gpu']):>7} tok/s/GPU  "
         + " ".join(f"{p} {fmt(ph.get(p), '.3f')}" for p in PHASES)
-        + f"{eff}  vs torchtitan {fmt(v['vs_torchtitan'])}x  experts/single "
-        f"{fmt(v['experts_vs_single'])}"
+        + f"{eff}  vs torchtitan {fmt(v['vs_torchtitan'])}x"
     )
 
 
@@ -286,8 +264,8 @@ def render_md(doc: dict) -> str:
         "",
         "| config (d, d_ff, E, k) | routing | W | impl | EP efficiency | step ms (max over "
         "ranks) | tokens/s/GPU | dispatch ms | experts ms | combine ms | speed vs torchtitan "
-        "| experts / single-GPU | recv rows max/mean |",
-        "| --- | --- | ---: | --- |" + " ---: |" * 9,
+        "| recv rows max/mean |",
+        "| --- | --- | ---: | --- |" + " ---: |" * 8,
     ]
     for r in rows:
         for n in IMPLS:
@@ -305,7 +283,6 @@ def render_md(doc: dict) -> str:
                 fmt_rate(v["tokens_per_s_per_gpu"]),
                 *(fmt(ph.get(q)) for q in PHASES),
                 with_range(v["vs_torchtitan"], v.get("vs_torchtitan_rounds")),
-                fmt(v["experts_vs_single"]),
                 fmt(r.get("recv_imbalance")),
             ]
             out.append("| " + " | ".join(cells) + " |")
@@ -317,8 +294,7 @@ def render_md(doc: dict) -> str:
         "backward); tokens/s/GPU: tokens per GPU / step; dispatch / experts / combine: "
         "medians per rank, the largest over ranks (a rank waiting for a slower one waits in "
         "its exchanges); speed vs torchtitan: torchtitan's step / this one's (min–max of the "
-        "round-by-round ratios); experts / single-GPU: the experts time over the single-GPU "
-        "fused block's on the same rank's received rows, the largest over ranks.",
+        "round-by-round ratios).",
     ]
     out += bandwidth_md(rows)
     out += no_figure_lines(rows, label, lambda n: LABELS.get(n, n))
