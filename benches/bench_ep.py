@@ -32,6 +32,7 @@ import gc
 import os
 import sys
 import time
+import traceback
 from typing import Any
 
 import groupmm
@@ -40,20 +41,10 @@ import groupmm.parallel as gpar
 import torch
 import torch.distributed as dist
 from ep_run import agree, run_row
-from harness.cli import (
-    comma_list,
-    init_ranks,
-    line_buffered_stdout,
-    parser,
-)
+from harness.cli import comma_list, init_ranks, leave, line_buffered_stdout, parser
 from harness.configs import CONFIGS, MODELS, ZIPF_S
 from harness.configs import EP_ROUTINGS as ROUTINGS
-from harness.report import (
-    error_text,
-    from_json,
-    started,
-    write_outputs,
-)
+from harness.report import error_text, from_json, started, write_outputs
 from harness.report.ep import (
     IMPLS,
     bandwidth_lines,
@@ -69,10 +60,6 @@ from peers.torchtitan import load_torchtitan, torchtitan_version
 DEFAULT_CONFIGS = ("qwen3-30b-a3b", "olmoe", "mixtral")
 TINY = {"tiny": (16, 32, 8, 2)}
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
-
-
-# ----------------------------------------------------------------------------------------
-# main
 
 
 # ------------------------------------------------------------------------------ the split
@@ -221,18 +208,11 @@ def main(argv=None) -> int:
         os._exit(2)
     except Exception as e:  # noqa: BLE001 - print on every rank, then leave
         print(f"[rank {rank}] {error_text(e)}", file=sys.stderr)
-        import traceback
-
         traceback.print_exc()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)
-    # gloo's teardown after collectives sometimes aborts: end every rank together, then
-    # leave without destroying the process group
-    dist.barrier()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    leave(code)
 
 
 def run(args, argv, dev, rank: int, W: int) -> int:
