@@ -5,7 +5,7 @@ backward, and whole runs under torchrun on gloo (2 ranks in float64, 1 rank in f
 tiny sizes, ``--check``): exit 0, the JSON's structure, and every implementation that ran
 (fixed-size exchanges and the whole layer on one rank included) giving the same outputs and
 gradients as a plain-torch reference and as groupmm's fused layer. benches/profile_ep.py:
-its options, its markdown (old files too) and a 2-rank gloo run of both modes.
+its options, its markdown and a 2-rank gloo run of both modes.
 
 torchtitan is not installed in CI: there the bench skips it and says why, which is checked;
 where it imports (e.g. PYTHONPATH with torchtitan 0.3.0 and its dependencies), its rows are
@@ -344,7 +344,7 @@ def test_one_rank_float32(tmp_path):
 # ---------------------------------------------------------------------- profile_ep
 
 
-def test_profile_options_and_old_markdown():
+def test_profile_options_and_markdown():
     assert profile_ep.parse_args([]).modes == ["exact"]
     a = profile_ep.parse_args(["--capacity", "tokens", "--tokens-per-gpu", "64"])
     assert a.modes == ["fixed"] and profile_ep.capacity_of(a, "fixed") == 64
@@ -359,12 +359,13 @@ def test_profile_options_and_old_markdown():
         profile_ep.parse_args(["--modes", "exact,exact"])
     assert profile_ep.trace_path("/t/p.json.gz", "fixed", True) == "/t/p-fixed.json.gz"
     assert profile_ep.trace_path("/t/p.json", "exact", False) == "/t/p.json"
-    # a file written before the modes: one exact-size profile
     summary = {"span": 3.0, "gemm": 1.0, "nccl": 1.0, "rows": 0.5, "other": 0.25, "idle": 0.25}
-    old = {"argv": "torchrun x", "device": "H200", "world": 2, "torch": "2.x"}
-    old.update(config="mixtral", dims=[4096, 14336, 8, 2], tokens_per_gpu=16384)
-    old.update(steps_ms=[3.0], marks=[[["start", 0.0, 0.0]]] * 2, summary=summary)
-    md = profile_ep.render_md(old)
+    doc = {"argv": "torchrun x", "device": "H200", "world": 2, "torch": "2.x", "backend": "nccl"}
+    doc.update(config="mixtral", dims=[4096, 14336, 8, 2], tokens_per_gpu=16384)
+    mode = dict(mode="exact", capacity=None, steps_ms=[3.0], summary=summary)
+    mode["marks"] = [[["start", 0.0, 0.0]]] * 2
+    doc.update(dtype="bfloat16", modes=[mode])
+    md = profile_ep.render_md(doc)
     assert "(nccl)" in md and "bfloat16" in md
     assert "| exact (capacity=None: one host sync per call) | 3.00 | 3.00 | 1.00 |" in md
 
