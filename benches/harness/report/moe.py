@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 from harness.report import (
-    bars,
     build_info_text,
-    chart,
     commands,
     fmt,
     md_head,
     min_stats,
     no_figure_lines,
-    save_png,
     timed_errors,
     timed_fields,
     with_spread,
@@ -238,35 +235,6 @@ def render_md(doc: dict) -> str:
     if doc.get("skipped"):
         out += ["", "skipped: " + "; ".join(f"{s['row']} ({s['why']})" for s in doc["skipped"])]
     return "\n".join(out) + "\n"
-
-
-def render_png(doc: dict, path: str) -> bool:
-    """ms per row and implementation (min-max whiskers) over peak MiB."""
-    got = chart(doc)
-    if got is None:
-        return False
-    plt, rows = got
-    impls = [k for k in IMPLS if any(r["ms"].get(k) for r in rows)]
-    if not impls:
-        return False
-    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(max(8, 1.3 * len(rows)), 8), sharex=True)
-
-    def whisker(r, k):
-        sp, v = (r.get("spread_ms") or {}).get(k), r["ms"].get(k)
-        return (v - sp["min"], sp["max"] - v) if sp and v else None
-
-    bars(ax, rows, impls, lambda r, k: r["ms"].get(k), whisker, LABELS)
-    peak = lambda r, k: ((r.get("peak_bytes") or {}).get(k) or 0) / 2**20  # noqa: E731
-    bars(ax2, rows, impls, peak, lambda r, k: None, LABELS)
-    ax.set_ylabel("ms per step (median, min-max)")
-    ax2.set_ylabel("peak MiB above inputs")
-    ax.legend(fontsize=8)
-    title = describe_env(doc)[:2] + commands(doc, SCRIPT)
-    ax.set_title("\n".join(ln[:150] for ln in title), fontsize=8)
-    ax2.set_xticks(list(range(len(rows))))
-    ticks = [f"{r['config']}\nT={r['T']} {r['routing']}\n{r['pass']}" for r in rows]
-    ax2.set_xticklabels(ticks, fontsize=7)
-    return save_png(plt, fig, path)
 
 
 #: what must agree between runs merged into one table
