@@ -59,6 +59,7 @@ from peers.torchtitan import load_torchtitan, torchtitan_version
 #: the default configs (--configs), in the order they run (the heaviest last)
 DEFAULT_CONFIGS = ("qwen3-30b-a3b", "olmoe", "mixtral")
 TINY = {"tiny": (16, 32, 8, 2)}
+TT_BACKEND = "spmd_types"
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
 
 
@@ -95,8 +96,8 @@ class Split:
     forward/backward), ``f2``/``b2`` (expert output), ``f3`` (end of the forward), ``t1``
     (end of the backward). Outside ``begin() ... end()`` marks are plain identities."""
 
-    def __init__(self, clock, enabled: bool = True):
-        self.clock, self.enabled, self.cur = clock, enabled, None
+    def __init__(self, clock):
+        self.clock, self.enabled, self.cur = clock, True, None
 
     def begin(self) -> None:
         self.cur = {"t0": self.clock.stamp()}
@@ -150,22 +151,11 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=8, help="round-robin rounds")
     p.add_argument("--calls", type=int, default=2, help="back-to-back steps per sample")
     p.add_argument("--check", action="store_true", help="compare outputs and gradients first")
-    p.add_argument("--no-split", action="store_true", help="no phase boundaries in the steps")
     p.add_argument(
         "--a2a-samples",
         type=int,
         default=10,
         help="timed all_to_all_single calls per size and row (0: no bandwidth figures)",
-    )
-    p.add_argument(
-        "--tt-backend",
-        default="spmd_types",
-        choices=("spmd_types", "partial_dtensor"),
-        help="torchtitan's SPMD backend (its default: spmd_types)",
-    )
-    p.add_argument("--no-torchtitan", action="store_true", help="leave torchtitan out")
-    p.add_argument(
-        "--timeout-s", type=float, default=120, help="process group timeout (a hung rank aborts)"
     )
     p.add_argument("--json", help="results, rewritten after every row (rank 0)")
     p.add_argument("--md", help="the table in markdown, rewritten after every row (rank 0)")
@@ -197,7 +187,7 @@ def main(argv=None) -> int:
         from_json(args, merge_docs, lambda doc: print(render_md(doc)), render_md)
         return 0
 
-    dev = init_ranks(args.device, args.timeout_s)  # a plain `python3 bench_ep.py`: one rank
+    dev = init_ranks(args.device, 120)  # a plain `python3 bench_ep.py`: one rank
     rank, W = dist.get_rank(), dist.get_world_size()
     code = 1
     try:
@@ -228,12 +218,11 @@ def run(args, argv, dev, rank: int, W: int) -> int:
     mesh = init_device_mesh(dev.type, (W,), mesh_dim_names=("ep",))
     group = mesh.get_group()
     clock = Clock(cuda)
-    split = Split(clock, enabled=not args.no_split)
-    if not args.no_split:
-        install_split(split)
-    tt, tt_why = None, "--no-torchtitan"
-    if not args.no_torchtitan and "torchtitan" in args.impls.split(","):
-        tt, tt_why = load_torchtitan(args.tt_backend, mesh, gloo=not cuda)
+    split = Split(clock)
+    install_split(split)
+    tt, tt_why = None, None
+    if "torchtitan" in args.impls.split(","):  # its SPMD backend: its default
+        tt, tt_why = load_torchtitan(TT_BACKEND, mesh, gloo=not cuda)
     if not agree(tt is not None, dev):
         tt, tt_why = None, tt_why or "torchtitan failed to load on another rank"
     ctx = dict(
@@ -266,14 +255,14 @@ def run(args, argv, dev, rank: int, W: int) -> int:
             "used": tt is not None,
             "why": None if tt is not None else tt_why,
             "version": torchtitan_version() if tt is not None else None,
-            "backend": args.tt_backend,
+            "backend": TT_BACKEND,
         },
         "timer": {
             "clock": "CUDA events" if cuda else "perf_counter",
             "warmup": args.warmup,
             "rounds": args.rounds,
             "calls": args.calls,
-            "split": not args.no_split,
+            "split": True,
             "a2a_samples": args.a2a_samples,
         },
         "routing": {"uniform": "k distinct uniform experts", "skewed": f"Zipf s={ZIPF_S}"},
