@@ -7,7 +7,7 @@ bandwidth of the same exchanges.
         [--configs qwen3-30b-a3b,olmoe,mixtral] [--routing uniform,skewed] \
         [--tokens-per-gpu 16384] [--check] [--json OUT.json] [--md OUT.md] \
         [--device cuda|cpu] [--dtype bf16|fp32|fp64] [--a2a-samples 10] \
-        [--impls fused,fixed,pipelined,unfused,torchtitan,tt_groupmm,tt_seam,whole,single]
+        [--impls fused,fixed,pipelined,torchtitan,whole]
     torchrun --standalone --nproc-per-node 2 benches/bench_ep.py --device cpu --configs tiny \
         --check                                  # a smoke run on gloo (CPU)
     python3 benches/bench_ep.py --from-json w1.json,w2.json [--md all.md]   # no GPU
@@ -15,11 +15,9 @@ bandwidth of the same exchanges.
 Implementations, on the same tokens, routing and expert weights: ``fused`` (``MoELayer``
 with ``ep_group``), ``fixed`` (fixed-size exchanges, ``ep_capacity=T``: no host sync),
 ``pipelined`` (``fixed`` in ``--pipeline-chunks`` slices, the experts on
-``--pipeline-sms`` SMs), ``unfused`` (``fused=False``), ``torchtitan`` (its
-``RoutedExperts``: dispatcher + ``GroupedExperts``), ``tt_groupmm`` / ``tt_seam``
-(torchtitan's classes with groupmm's fused block / products), ``whole`` (every expert on
-one GPU, this rank's tokens, no exchange: the reference of the EP efficiency) and
-``single`` (the fused block on this rank's received rows: the experts' reference).
+``--pipeline-sms`` SMs), ``torchtitan`` (its ``RoutedExperts``: dispatcher +
+``GroupedExperts``) and ``whole`` (every expert on one GPU, this rank's tokens, no
+exchange: the reference of the EP efficiency).
 
 Timing: the implementations take turns over ``--rounds`` rounds (``--calls`` steps a
 sample, a synchronize and a barrier before each); a step's time is the median over the
@@ -34,29 +32,19 @@ import gc
 import os
 import sys
 import time
+import traceback
 from typing import Any
 
 import groupmm
 import groupmm._fixed as gfixed
-import groupmm.moe as gmoe
 import groupmm.parallel as gpar
 import torch
 import torch.distributed as dist
-from ep_run import TT_IMPLS, agree, run_row
-from harness.cli import (
-    comma_list,
-    init_ranks,
-    line_buffered_stdout,
-    parser,
-)
+from ep_run import agree, run_row
+from harness.cli import comma_list, init_ranks, leave, line_buffered_stdout, parser
 from harness.configs import CONFIGS, MODELS, ZIPF_S
 from harness.configs import EP_ROUTINGS as ROUTINGS
-from harness.report import (
-    error_text,
-    from_json,
-    started,
-    write_outputs,
-)
+from harness.report import error_text, from_json, started, write_outputs
 from harness.report.ep import (
     IMPLS,
     bandwidth_lines,
@@ -71,11 +59,8 @@ from peers.torchtitan import load_torchtitan, torchtitan_version
 #: the default configs (--configs), in the order they run (the heaviest last)
 DEFAULT_CONFIGS = ("qwen3-30b-a3b", "olmoe", "mixtral")
 TINY = {"tiny": (16, 32, 8, 2)}
+TT_BACKEND = "spmd_types"
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
-
-
-# ----------------------------------------------------------------------------------------
-# main
 
 
 # ------------------------------------------------------------------------------ the split
@@ -111,8 +96,8 @@ class Split:
     forward/backward), ``f2``/``b2`` (expert output), ``f3`` (end of the forward), ``t1``
     (end of the backward). Outside ``begin() ... end()`` marks are plain identities."""
 
-    def __init__(self, clock, enabled: bool = True):
-        self.clock, self.enabled, self.cur = clock, enabled, None
+    def __init__(self, clock):
+        self.clock, self.enabled, self.cur = clock, True, None
 
     def begin(self) -> None:
         self.cur = {"t0": self.clock.stamp()}
@@ -134,23 +119,9 @@ class Split:
 
 
 def install_split(split: Split) -> None:
-    """Put the local experts of both groupmm EP paths between the two marks: the
-    local-experts callable of ``groupmm.parallel.dispatch_combine`` (MoELayer's unfused EP
-    path) and ``groupmm.parallel._block`` (the fused one, ``expert_parallel_block``, with
-    exact and with fixed sizes alike: both call it between their exchanges)."""
-    real = gpar.dispatch_combine
-
-    def dispatch_combine(x, expert_ids, weights, num_local, experts, group=None):
-        def local(received, p):
-            y = experts(split.mark(received, "f1", "b1"), p)
-            return split.mark(y, "f2", "b2")
-
-        return real(x, expert_ids, weights, num_local, local, group)
-
-    gmoe.dispatch_combine = dispatch_combine  # MoELayer's unfused EP path, imported name
-
-    # the fused path (expert_parallel_block: one row per token and rank; exact or fixed
-    # sizes) runs its local experts as parallel._block, between its exchanges
+    """Put the local experts of groupmm's fused EP path (``expert_parallel_block``, exact
+    and fixed sizes alike: both call ``groupmm.parallel._block`` between their exchanges)
+    between the two marks."""
     real_block = gpar._block
 
     def block(x, w_in, w_out, offs, src, inverse, weights, up=None):
@@ -180,22 +151,11 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=8, help="round-robin rounds")
     p.add_argument("--calls", type=int, default=2, help="back-to-back steps per sample")
     p.add_argument("--check", action="store_true", help="compare outputs and gradients first")
-    p.add_argument("--no-split", action="store_true", help="no phase boundaries in the steps")
     p.add_argument(
         "--a2a-samples",
         type=int,
         default=10,
         help="timed all_to_all_single calls per size and row (0: no bandwidth figures)",
-    )
-    p.add_argument(
-        "--tt-backend",
-        default="spmd_types",
-        choices=("spmd_types", "partial_dtensor"),
-        help="torchtitan's SPMD backend (its default: spmd_types)",
-    )
-    p.add_argument("--no-torchtitan", action="store_true", help="leave torchtitan out")
-    p.add_argument(
-        "--timeout-s", type=float, default=120, help="process group timeout (a hung rank aborts)"
     )
     p.add_argument("--json", help="results, rewritten after every row (rank 0)")
     p.add_argument("--md", help="the table in markdown, rewritten after every row (rank 0)")
@@ -227,7 +187,7 @@ def main(argv=None) -> int:
         from_json(args, merge_docs, lambda doc: print(render_md(doc)), render_md)
         return 0
 
-    dev = init_ranks(args.device, args.timeout_s)  # a plain `python3 bench_ep.py`: one rank
+    dev = init_ranks(args.device, 120)  # a plain `python3 bench_ep.py`: one rank
     rank, W = dist.get_rank(), dist.get_world_size()
     code = 1
     try:
@@ -238,18 +198,11 @@ def main(argv=None) -> int:
         os._exit(2)
     except Exception as e:  # noqa: BLE001 - print on every rank, then leave
         print(f"[rank {rank}] {error_text(e)}", file=sys.stderr)
-        import traceback
-
         traceback.print_exc()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)
-    # gloo's teardown after collectives sometimes aborts: end every rank together, then
-    # leave without destroying the process group
-    dist.barrier()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    leave(code)
 
 
 def run(args, argv, dev, rank: int, W: int) -> int:
@@ -265,12 +218,11 @@ def run(args, argv, dev, rank: int, W: int) -> int:
     mesh = init_device_mesh(dev.type, (W,), mesh_dim_names=("ep",))
     group = mesh.get_group()
     clock = Clock(cuda)
-    split = Split(clock, enabled=not args.no_split)
-    if not args.no_split:
-        install_split(split)
-    tt, tt_why = None, "--no-torchtitan"
-    if not args.no_torchtitan and set(TT_IMPLS) & set(args.impls.split(",")):
-        tt, tt_why = load_torchtitan(args.tt_backend, mesh, gloo=not cuda)
+    split = Split(clock)
+    install_split(split)
+    tt, tt_why = None, None
+    if "torchtitan" in args.impls.split(","):  # its SPMD backend: its default
+        tt, tt_why = load_torchtitan(TT_BACKEND, mesh, gloo=not cuda)
     if not agree(tt is not None, dev):
         tt, tt_why = None, tt_why or "torchtitan failed to load on another rank"
     ctx = dict(
@@ -303,14 +255,14 @@ def run(args, argv, dev, rank: int, W: int) -> int:
             "used": tt is not None,
             "why": None if tt is not None else tt_why,
             "version": torchtitan_version() if tt is not None else None,
-            "backend": args.tt_backend,
+            "backend": TT_BACKEND,
         },
         "timer": {
             "clock": "CUDA events" if cuda else "perf_counter",
             "warmup": args.warmup,
             "rounds": args.rounds,
             "calls": args.calls,
-            "split": not args.no_split,
+            "split": True,
             "a2a_samples": args.a2a_samples,
         },
         "routing": {"uniform": "k distinct uniform experts", "skewed": f"Zipf s={ZIPF_S}"},

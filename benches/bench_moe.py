@@ -4,7 +4,7 @@ round-robin (harness.timing) with peak memory and output and gradient difference
 
     python3 benches/bench_moe.py [--configs layer|layer-wide|fine|legacy|extra|all|NAME,...]
         [--tokens 4096,16384] [--routing router,uniform,skewed] [--passes fwd+bwd,fwd]
-        [--rounds 10] [--no-sonic] [--budget-s S] [--json F] [--md F] [--png F]
+        [--rounds 10] [--no-sonic] [--budget-s S] [--json F] [--md F]
     python3 benches/bench_moe.py --dry-run [...]     # the rows and a time estimate; no GPU
     python3 benches/bench_moe.py --from-json a.json[,b.json] [--json merged.json] [--md F]
     python3 benches/bench_moe.py --tiny              # one tiny config, T = 64
@@ -41,7 +41,7 @@ from harness.cli import (
     parser,
 )
 from harness.configs import CONFIGS, MODELS, PASSES, ROUTINGS, TINY, routing, select_configs
-from harness.report import error_text, from_json, record, rel_diff, run_doc, write_png
+from harness.report import error_text, from_json, record, rel_diff, run_doc
 from harness.report import write_outputs as write_files
 from harness.report.moe import (
     describe_env,
@@ -51,7 +51,6 @@ from harness.report.moe import (
     merge_docs,
     print_table,
     render_md,
-    render_png,
     summarize,
 )
 from harness.timing import estimate_ms, round_robin, rr_settings
@@ -82,7 +81,7 @@ def parse_args(argv=None):
     p.add_argument("--tiny", action="store_true", help="one tiny config, T = 64 (a smoke run)")
     add_rr_args(p, rounds=10, sample_ms=25.0, min_calls=2, max_calls=10, unit="steps")
     p.add_argument("--no-sonic", action="store_true", help="leave SonicMoE out")
-    add_output_args(p, png=True)
+    add_output_args(p)
     args = p.parse_args(argv)
     check_rr_args(p, args)
     check_lists(p, (args.routing, ROUTINGS), (args.passes, PASSES))
@@ -331,8 +330,7 @@ def main(argv=None) -> int:
     line_buffered_stdout()
     args = parse_args(argv)
     if args.from_json:
-        doc = from_json(args, merge_docs, print_table, render_md)
-        write_png(render_png, doc, args.png)
+        from_json(args, merge_docs, print_table, render_md)
         return 0
     configs = TINY if args.tiny else {c: CONFIGS[c] for c in select_configs(args.configs)}
     tokens = [64] if args.tiny else [int(t) for t in args.tokens.split(",")]
@@ -388,7 +386,6 @@ def main(argv=None) -> int:
     record(doc, t_start, summarize, lambda d: write_outputs(d, args))
     print_table(doc)
     print(f"wall {doc['elapsed_s']:.0f} s")
-    write_png(render_png, doc, args.png)
     return 0
 
 

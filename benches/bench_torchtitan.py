@@ -15,17 +15,18 @@ step ms (slowest rank), tokens/s, the MoE layers' ms (eager runs) and the loss c
 
 from __future__ import annotations
 
-import copy
 import os
 import sys
+import traceback
 
 import groupmm
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from harness.cli import comma_list, init_ranks, line_buffered_stdout, parser
+from harness.cli import comma_list, init_ranks, leave, line_buffered_stdout, parser
 from harness.report import dist_version, error_text, fmt, started, write_outputs
 from harness.timing import Clock, rr_orders, spread
+from peers.torchtitan import build_models, setup_parallel
 
 #: d_model, moe hidden, experts, top-k, heads, kv heads, head dim
 CONFIGS = {
@@ -64,108 +65,6 @@ def parse_args(argv=None):
     if bad or args.steps < 1 or args.warmup < 0:
         p.error(f"unknown {bad}" if bad else "--steps >= 1, --warmup >= 0")
     return args
-
-
-# --------------------------------------------------------------------------- the model
-
-
-def torch_compat() -> list:
-    """Names torchtitan 0.3.0's model packages import from torch that this torch lacks
-    (``torch.distributed.fsdp.DataParallelMeshDims``, newer than torch 2.11), defined as
-    placeholders: they are annotations and FSDP arguments, and this bench runs no FSDP.
-    Returns the names defined (said in the output)."""
-    import torch.distributed.fsdp as fsdp
-
-    added = []
-    if not hasattr(fsdp, "DataParallelMeshDims"):
-        fsdp.DataParallelMeshDims = type("DataParallelMeshDims", (), {})
-        added.append("torch.distributed.fsdp.DataParallelMeshDims")
-    return added
-
-
-def model_config(spec, layers: int, vocab: int, seq_len: int, attention: str):
-    """torchtitan's Qwen3-MoE config of ``spec``'s sizes (its flavours' recipe)."""
-    from torchtitan.models import qwen3
-    from torchtitan.models.common import CosSinRoPE, Embedding, Linear
-    from torchtitan.models.common.attention import ScaledDotProductAttention
-
-    dim, hidden, experts, top_k, heads, kv_heads, head_dim = spec
-    cfg = qwen3.Qwen3Model.Config(
-        vocab_size=vocab,
-        dim=dim,
-        norm=qwen3._qwen3_norm(dim),
-        tok_embeddings=Embedding.Config(
-            num_embeddings=vocab, embedding_dim=dim, param_init=qwen3._EMBEDDING_INIT
-        ),
-        lm_head=Linear.Config(in_features=dim, out_features=vocab, param_init=qwen3._LINEAR_INIT),
-        layers=qwen3._build_qwen3_moe_layers(
-            **dict(n_layers=layers, dim=dim, n_heads=heads, n_kv_heads=kv_heads),
-            **dict(head_dim=head_dim, moe_hidden_dim=hidden, num_experts=experts, top_k=top_k),
-            attn_backend="flex",
-            moe_comm_backend="standard",
-            rope=CosSinRoPE.Config(dim=head_dim, max_seq_len=seq_len, theta=1e6),
-        ),
-    )
-    if attention == "sdpa":
-        for layer in cfg.layers:
-            layer.attention.inner_attention = ScaledDotProductAttention.Config()
-    return cfg
-
-
-def setup_parallel(W: int, cpu: bool):
-    """torchtitan's ParallelDims with EP = W (its partial_dtensor SPMD backend)."""
-    import torchtitan.distributed.parallel_dims as pd
-    import torchtitan.distributed.utils as tdu
-
-    if cpu:
-        pd.device_type = "cpu"  # torchtitan takes "cuda" when no accelerator is present
-    if not hasattr(torch.compiler, "_is_non_strict_tracing"):  # asked by its dispatcher
-        torch.compiler._is_non_strict_tracing = lambda: False  # type: ignore[attr-defined]
-    tdu.set_spmd_backend("partial_dtensor")
-    dims = dict(dp_replicate=1, dp_shard=-1, cp=1, tp=1, pp=1, ep=W, world_size=W)
-    pdims = pd.ParallelDims(**dims, spmd_backend="partial_dtensor")
-    pdims.build_mesh()
-    return pdims
-
-
-def build_models(args, spec, pdims, impls, dev, dtype, seq_len):
-    """``{impl: model}`` from one set of weights, parallelized (EP > 1) and compiled."""
-    added = torch_compat()
-    from groupmm.integrations import torchtitan as tt
-    from torchtitan.distributed.compile import apply_compile
-    from torchtitan.models.qwen3.sharding import set_qwen3_sharding_config
-
-    W = dist.get_world_size()
-    cfg = model_config(spec, args.layers, args.vocab, seq_len, args.attention)
-    if W > 1:
-        set_qwen3_sharding_config(cfg, enable_sp=False, enable_ep=True)
-    torch.manual_seed(0)
-    with torch.device(dev):
-        base = cfg.build()
-        base.init_states()
-    with torch.no_grad():  # routing scores apart: the two implementations route alike
-        for layer in base.layers.values():
-            layer.moe.router.gate.weight.normal_(0, spec[0] ** -0.5)
-    base = base.to(dtype)
-    models, notes = {}, [f"placeholder for torchtitan: {n}" for n in added]
-    for impl in impls:
-        model = copy.deepcopy(base)
-        if impl == "groupmm":
-            tt.enable_moe(model)  # before parallelize, which wraps what it finds
-        if W > 1:
-            model.parallelize(pdims)
-        if args.compile:
-            no_tp = type("NoTP", (), {"tp_enabled": False})()
-            config = _compile_config(args.compile_backend)
-            apply_compile(model, compile_config=config, parallel_dims=no_tp)
-        models[impl] = model.train()
-    return models, notes
-
-
-def _compile_config(backend: str):
-    from torchtitan.config import CompileConfig
-
-    return CompileConfig(enable=True, backend=backend)
 
 
 # --------------------------------------------------------------------------- a step
@@ -261,7 +160,7 @@ def run_config(name, args, ctx) -> dict:
     impls = comma_list(args.impls)
     if spec[2] % W:
         raise SystemExit(f"{name}: {spec[2]} experts do not divide over {W} ranks")
-    models, notes = build_models(args, spec, ctx["pdims"], impls, dev, dtype, args.seq_len)
+    models, notes = build_models(args, spec, ctx["pdims"], impls, dev, dtype)
     opts = {
         k: torch.optim.AdamW(m.parameters(), lr=args.lr, foreach=False) for k, m in models.items()
     }
@@ -274,9 +173,7 @@ def run_config(name, args, ctx) -> dict:
     if args.attention == "flex":
         masks = next(iter(models.values())).get_attention_masks(positions)
     row = {"config": name, "spec": spec, "notes": notes, "impls": {}, "errors": {}}
-    steps_ms = {k: [] for k in impls}
-    moe = {k: [] for k in impls}
-    losses = {k: [] for k in impls}
+    steps_ms, moe, losses = ({k: [] for k in impls} for _ in range(3))
     order = rr_orders(len(impls), args.warmup + args.steps)
     for i, turn in enumerate(order):
         step = max(0, i - args.warmup)  # warm-up steps repeat step 0's data
@@ -293,8 +190,6 @@ def run_config(name, args, ctx) -> dict:
                 loss = train_step(models[k], opts[k], tokens, labels, positions, masks)
             except Exception as e:  # noqa: BLE001 - reported in the row; every rank raises
                 if os.environ.get("BENCH_TRACEBACK"):
-                    import traceback
-
                     traceback.print_exc()
                 row["errors"][k] = error_text(e)
                 continue
@@ -422,18 +317,10 @@ def main(argv=None) -> int:
             write_outputs(doc, args.json, args.md, render_md)
             print(render_md(doc))
     except Exception as e:  # noqa: BLE001 - print on every rank, then leave
-        import traceback
-
         print(f"[rank {rank}] {error_text(e)}", file=sys.stderr)
         traceback.print_exc()
         code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    try:
-        dist.barrier()  # gloo's teardown after collectives may abort: leave together
-    except Exception:  # noqa: BLE001
-        pass
-    os._exit(code)
+    leave(code)
 
 
 if __name__ == "__main__":

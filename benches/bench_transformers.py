@@ -11,16 +11,16 @@ OLMoE-sized). Passes: the whole layer and its MoE block alone, forward and forwa
 backward; median ms of ``--reps`` steps, the best of ``--rounds`` rounds. "eager" runs at
 the smallest T only. ``--profile-host``: per step the host's wall and CPU time, the
 profiled host time, the direct aten ops, the GPU's busy time and kernels, and host / GPU
-(> 1: the host is the bottleneck). The host times are taken, for every configuration,
-before any profiled step: once the profiler has attached CUPTI to the process, every
-later launch costs more host time (up to 4 ms more per step on the H200).
+(> 1: the host is the bottleneck); the host times come before any profiled step (once
+CUPTI is attached, every launch costs more host time: up to 4 ms per step on the H200).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
+import math
 import os
+import statistics
 import sys
 import time
 import traceback
@@ -28,53 +28,49 @@ import traceback
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
+from harness.cli import parser  # noqa: E402
+from harness.report import error_text, md_row, rel_diff  # noqa: E402
 from harness.timing import median_ms  # noqa: E402
 
-#: name: (config class, hidden, intermediate, experts, top-k, heads, kv heads, extra kwargs)
-SIZES = {
-    "qwen3-30b-a3b": ("Qwen3MoeConfig", 2048, 6144, 128, 8, 32, 4),
-    "olmoe-1b-7b": ("OlmoeConfig", 2048, 1024, 64, 8, 16, 16),
-    "qwen3-tiny": ("Qwen3MoeConfig", 64, 128, 16, 4, 4, 2),
-    "olmoe-tiny": ("OlmoeConfig", 64, 48, 8, 4, 4, 4),
-}
-EXTRA = {
-    "qwen3-30b-a3b": dict(moe_intermediate_size=768, head_dim=128, norm_topk_prob=True),
-    "qwen3-tiny": dict(moe_intermediate_size=32, head_dim=16),
-}
 
-
-def _config(name):
-    cls, hidden, inter, experts, k, heads, kv = SIZES[name]
+def _config(cls, hidden, inter, experts, k, heads, kv, **extra):
+    """(config class, its keyword arguments)."""
     kw = dict(hidden_size=hidden, intermediate_size=inter, num_experts=experts)
     kw.update(num_experts_per_tok=k, num_attention_heads=heads, num_key_value_heads=kv)
-    return cls, {**kw, **EXTRA.get(name, {})}
+    return cls, {**kw, **extra}
 
 
-CONFIGS = {n: _config(n) for n in ("qwen3-30b-a3b", "olmoe-1b-7b")}
-TINY = {n: _config(n) for n in ("qwen3-tiny", "olmoe-tiny")}
-
+QWEN3 = dict(moe_intermediate_size=768, head_dim=128, norm_topk_prob=True)
+CONFIGS = {
+    "qwen3-30b-a3b": _config("Qwen3MoeConfig", 2048, 6144, 128, 8, 32, 4, **QWEN3),
+    "olmoe-1b-7b": _config("OlmoeConfig", 2048, 1024, 64, 8, 16, 16),
+}
+QWEN3_TINY = dict(moe_intermediate_size=32, head_dim=16)
+TINY = {
+    "qwen3-tiny": _config("Qwen3MoeConfig", 64, 128, 16, 4, 4, 2, **QWEN3_TINY),
+    "olmoe-tiny": _config("OlmoeConfig", 64, 48, 8, 4, 4, 4),
+}
+#: every model's vocabulary and special tokens
+BASE = dict(vocab_size=256, max_position_embeddings=32768, pad_token_id=0, bos_token_id=1)
 IMPLS = ["groupmm", "grouped_mm", "eager", "sonicmoe"]
 PASSES = ["layer fwd", "layer fwd+bwd", "moe fwd", "moe fwd+bwd"]
 
 
-def build_model(
-    cls_name: str, kwargs: dict, device: str, dtype: torch.dtype, seed: int, layers: int = 1
-):
+def build_model(cls_name: str, kwargs: dict, device: str, dtype, seed: int, layers: int = 1):
     import transformers
 
     config = getattr(transformers, cls_name)(
-        vocab_size=256,
-        num_hidden_layers=layers,
-        max_position_embeddings=32768,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-        **kwargs,
+        num_hidden_layers=layers, eos_token_id=2, **BASE, **kwargs
     )
     torch.manual_seed(seed)
     with torch.device(device):
         model = transformers.AutoModelForCausalLM.from_config(config)
     return model.to(device=device, dtype=dtype)
+
+
+def tidy(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.empty_cache()
 
 
 def set_impl(model, impl: str) -> None:
@@ -96,9 +92,7 @@ def steps(model, tokens: int, device: str, dtype: torch.dtype, seed: int):
     go_logits = torch.randn(1, tokens, 256, generator=gen).to(device=device, dtype=dtype)
     go_x = torch.randn(1, tokens, hidden, generator=gen).to(device=device, dtype=dtype)
     block = model.model.layers[0].mlp  # the first layer's MoE block
-
-    def first(out):
-        return out[0] if isinstance(out, tuple) else out
+    first = lambda out: out[0] if isinstance(out, tuple) else out  # noqa: E731
 
     def layer_fwd():
         with torch.no_grad():
@@ -121,12 +115,7 @@ def steps(model, tokens: int, device: str, dtype: torch.dtype, seed: int):
         with torch.no_grad():
             return first(block(x)).float()
 
-    return {
-        "layer fwd": layer_fwd,
-        "layer fwd+bwd": layer_step,
-        "moe fwd": moe_fwd,
-        "moe fwd+bwd": moe_step,
-    }, moe_out
+    return dict(zip(PASSES, (layer_fwd, layer_step, moe_fwd, moe_step))), moe_out
 
 
 STEP_MARK = "bench_transformers.step"
@@ -134,14 +123,10 @@ STEP_MARK = "bench_transformers.step"
 
 def _union_ms(spans) -> float:
     """Total length in ms of the union of ``(start_ns, end_ns)`` intervals."""
-    total, end = 0, None
+    total, end = 0, -math.inf
     for a, b in sorted(spans):
-        if end is None or a > end:
-            total += b - a
-            end = b
-        elif b > end:
-            total += b - end
-            end = b
+        total += max(0, b - max(a, end))
+        end = max(end, b)
     return total / 1e6
 
 
@@ -163,8 +148,6 @@ def host_times(step, device: str, steps: int) -> dict:
     """Host time of one ``step()`` (module docstring, ``--profile-host``): medians over
     ``steps`` steps, each started with the device idle. Run before any profiler in the
     process: once CUPTI has been attached, every later launch costs more host time."""
-    import statistics
-
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     for _ in range(2):
         step()
@@ -183,8 +166,6 @@ def device_profile(step, device: str, steps: int) -> dict:
     """Device time, kernels and ops of one ``step()`` under ``torch.profiler`` (module
     docstring, ``--profile-host``): medians over ``steps`` steps, each started with the
     device idle."""
-    import statistics
-
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -207,9 +188,8 @@ def device_profile(step, device: str, steps: int) -> dict:
     device_spans = [
         (e.start_ns(), e.end_ns())
         for e in raw
-        if e.device_type() == DeviceType.CUDA
-        and not e.is_user_annotation()
-        and e.name() != STEP_MARK
+        if e.device_type() == DeviceType.CUDA and not e.is_user_annotation()
+        if e.name() != STEP_MARK
     ]
     prof_host, gpu, gpu_sum, kernels = [], [], [], []
     for i, (start, end) in enumerate(marks):
@@ -237,10 +217,9 @@ def add_device_profiles(rows, configs, impls, device, dtype, args) -> None:
         model = build_model(cls_name, kwargs, device, dtype, seed=0, layers=args.layers)
         for tokens in sorted({r["T"] for r in mine}):
             closures, _ = steps(model, tokens, device, dtype, seed=1)
+            at_t = [r for r in mine if r["T"] == tokens]
             for impl in impls:
-                here = [
-                    r for r in mine if r["T"] == tokens and isinstance(r["host"].get(impl), dict)
-                ]
+                here = [r for r in at_t if isinstance(r["host"].get(impl), dict)]
                 if not here:
                     continue
                 set_impl(model, impl)
@@ -249,21 +228,15 @@ def add_device_profiles(rows, configs, impls, device, dtype, args) -> None:
                     try:
                         h.update(device_profile(closures[r["pass"]], device, args.profile_steps))
                     except Exception as err:
-                        r["host"][impl] = short_error(err)
+                        r["host"][impl] = error_text(err)
                         continue
                     h["host_over_gpu"] = h["host_ms"] / h["gpu_ms"] if h["gpu_ms"] else None
         del model
-        if device == "cuda":
-            torch.cuda.empty_cache()
-
-
-def short_error(err: BaseException) -> str:
-    text = f"{type(err).__name__}: {err}".replace("\n", " ")
-    return text[:160]
+        tidy(device)
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__doc__)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--tiny", action="store_true", help="tiny configs and T (CPU smoke run)")
     ap.add_argument("--tokens", default=None, help="comma-separated T (default 4096,16384)")
@@ -276,11 +249,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     ap.add_argument("--json", default=None, help="write the results here")
     ap.add_argument("--layers", type=int, default=1, help="decoder layers of each model")
-    ap.add_argument(
-        "--profile-host",
-        action="store_true",
-        help="also host vs GPU time per step (torch.profiler; module docstring)",
-    )
+    host_help = "also host vs GPU time per step (torch.profiler; module docstring)"
+    ap.add_argument("--profile-host", action="store_true", help=host_help)
     ap.add_argument("--profile-steps", type=int, default=5, help="steps profiled per pass")
     args = ap.parse_args(argv)
     if args.layers < 1 or args.profile_steps < 1:
@@ -292,29 +262,22 @@ def main(argv=None) -> int:
 
     register()
     device, dtype = args.device, {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
+    cuda = device == "cuda"
     configs = TINY if args.tiny else CONFIGS
     if args.configs:
         configs = {k: v for k, v in {**CONFIGS, **TINY}.items() if k in args.configs.split(",")}
     default_tokens = "64,256" if args.tiny else "4096,16384"
     tokens_list = [int(t) for t in (args.tokens or default_tokens).split(",")]
-    eager_max = min(tokens_list)  # eager (a loop over experts) is slow
     impls = args.impls.split(",")
     passes = args.passes.split(",")
 
-    def run(step) -> float:
-        return median_ms(step, args.reps, args.warmup, cuda=device == "cuda")
-
     env = {
-        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "python": sys.version.split()[0],
         "groupmm": groupmm.build_info(),
-        "dtype": args.dtype,
-        "reps": args.reps,
-        "warmup": args.warmup,
-        "rounds": args.rounds,
-        "layers": args.layers,
+        **{k: getattr(args, k) for k in ("dtype", "reps", "warmup", "rounds", "layers")},
     }
     print(f"# {env['device']} | torch {env['torch']} | transformers {env['transformers']}")
     rows = []
@@ -325,10 +288,9 @@ def main(argv=None) -> int:
             closures, moe_out = steps(model, tokens, device, dtype, seed=1)
             results = {p: {} for p in passes}
             outs = {}
-            for impl in impls:
-                if impl == "eager" and tokens > eager_max:
-                    for p in passes:
-                        results[p][impl] = "skipped (slow)"
+            if "eager" in impls and tokens > min(tokens_list):  # eager (a loop) is slow
+                for p in passes:
+                    results[p]["eager"] = "skipped (slow)"
             # rounds: every implementation once per round, best round's median kept, so
             # that a slow phase of the machine does not fall on one implementation only
             for _ in range(args.rounds):
@@ -341,20 +303,19 @@ def main(argv=None) -> int:
                             outs[impl] = moe_out()
                     except Exception as err:  # a missing or failing implementation
                         for p in passes:
-                            results[p][impl] = short_error(err)
+                            results[p][impl] = error_text(err)
                         continue
                     for p in passes:
                         try:
-                            ms = run(closures[p])
+                            ms = median_ms(closures[p], args.reps, args.warmup, cuda=cuda)
                         except Exception as err:
-                            results[p][impl] = short_error(err)
+                            results[p][impl] = error_text(err)
                             if os.environ.get("BENCH_TRACEBACK"):
                                 traceback.print_exc()
                             continue
                         prev = results[p].get(impl)
                         results[p][impl] = ms if prev is None else min(prev, ms)
-                    if device == "cuda":
-                        torch.cuda.empty_cache()
+                    tidy(device)
             host = {p: {} for p in passes}
             for impl in impls if args.profile_host else []:
                 if any(isinstance(results[p].get(impl), str) for p in passes):
@@ -364,21 +325,14 @@ def main(argv=None) -> int:
                     try:
                         host[p][impl] = host_times(closures[p], device, args.profile_steps)
                     except Exception as err:
-                        host[p][impl] = short_error(err)
-                if device == "cuda":
-                    torch.cuda.empty_cache()
-            diff = None
-            if "groupmm" in outs and "grouped_mm" in outs:
-                a, b = outs["groupmm"], outs["grouped_mm"]
-                diff = (torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b)).item()
+                        host[p][impl] = error_text(err)
+                tidy(device)
+            diff = rel_diff(outs.get("groupmm"), outs.get("grouped_mm"))
             for p in passes:
                 row = {"config": name, "T": tokens, "pass": p, "ms": results[p], "rel_diff": diff}
-                if args.profile_host:
-                    row["host"] = host[p]
-                rows.append(row)
+                rows.append({**row, "host": host[p]} if args.profile_host else row)
         del model
-        if device == "cuda":
-            torch.cuda.empty_cache()
+        tidy(device)
     if args.profile_host:
         add_device_profiles(rows, configs, impls, device, dtype, args)
     env["seconds"] = round(time.perf_counter() - t_start, 1)
@@ -399,47 +353,33 @@ def fmt(v) -> str:
 
 def print_table(rows, impls) -> None:
     head = ["config", "T", "pass", *impls, "grouped_mm/groupmm", "rel diff"]
-    print("| " + " | ".join(head) + " |")
+    print(md_row(head))
     print("|" + "---|" * len(head))
     notes = {}
     for r in rows:
-        cells = []
-        for impl in impls:
-            v = r["ms"].get(impl)
-            if isinstance(v, str) and not v.startswith("skipped"):
-                notes.setdefault(impl, v)
-                cells.append("failed")
-            else:
-                cells.append(fmt(v))
+        failed = {i: v for i, v in r["ms"].items() if isinstance(v, str) and v[:7] != "skipped"}
+        for impl, v in failed.items():
+            notes.setdefault(impl, v)
+        cells = ["failed" if i in failed else fmt(r["ms"].get(i)) for i in impls]
         a, b = r["ms"].get("groupmm"), r["ms"].get("grouped_mm")
         ratio = f"{b / a:.2f}x" if isinstance(a, float) and isinstance(b, float) else "n/a"
         diff = "n/a" if r["rel_diff"] is None else f"{r['rel_diff']:.1e}"
-        print(
-            f"| {r['config']} | {r['T']} | {r['pass']} | "
-            + " | ".join(cells)
-            + f" | {ratio} | {diff} |"
-        )
+        print(md_row([r["config"], str(r["T"]), r["pass"], *cells, ratio, diff]))
     for impl, err in notes.items():
         print(f"# {impl}: {err}")
 
 
-HOST_COLUMNS = [
-    ("host ms", "host_ms"),
-    ("cpu ms", "cpu_ms"),
-    ("prof host ms", "prof_host_ms"),
-    ("GPU ms", "gpu_ms"),
-    ("GPU sum", "gpu_sum_ms"),
-    ("kernels", "kernels"),
-    ("ops", "ops"),
-    ("host/GPU", "host_over_gpu"),
-]
+#: the --profile-host table's columns: heading, field
+HOST_COLUMNS = {"host ms": "host_ms", "cpu ms": "cpu_ms", "prof host ms": "prof_host_ms"}
+HOST_COLUMNS.update({"GPU ms": "gpu_ms", "GPU sum": "gpu_sum_ms", "kernels": "kernels"})
+HOST_COLUMNS.update({"ops": "ops", "host/GPU": "host_over_gpu"})
 
 
 def print_host_table(rows, impls) -> None:
     """``--profile-host``: one line per pass and implementation."""
-    head = ["config", "T", "pass", "impl", *(h for h, _ in HOST_COLUMNS)]
+    head, fields = ["config", "T", "pass", "impl", *HOST_COLUMNS], HOST_COLUMNS.values()
     print()
-    print("| " + " | ".join(head) + " |")
+    print(md_row(head))
     print("|" + "---|" * len(head))
     for r in rows:
         for impl in impls:
@@ -449,9 +389,8 @@ def print_host_table(rows, impls) -> None:
             if isinstance(h, str):
                 cells = ["failed: " + h[:60]] + [""] * (len(HOST_COLUMNS) - 1)
             else:
-                cells = [fmt(h[k]) if k != "kernels" else str(round(h[k])) for _, k in HOST_COLUMNS]
-            lead = f"| {r['config']} | {r['T']} | {r['pass']} | {impl} | "
-            print(lead + " | ".join(cells) + " |")
+                cells = [fmt(h[k]) if k != "kernels" else str(round(h[k])) for k in fields]
+            print(md_row([r["config"], str(r["T"]), r["pass"], impl, *cells]))
 
 
 if __name__ == "__main__":

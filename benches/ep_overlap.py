@@ -11,7 +11,6 @@ product), for groupmm's product (also under ``groupmm.sm_limit``) and torch's.
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import statistics
@@ -21,9 +20,9 @@ import groupmm
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from harness.cli import comma_list, line_buffered_stdout, parser
+from harness.cli import comma_list, init_ranks, line_buffered_stdout, parser
 from harness.configs import CONFIGS
-from harness.report import started
+from harness.report import from_json, one_file, started, write_outputs
 
 VARIANTS = ("gemm", "a2a", "serial", "overlap")
 
@@ -153,17 +152,9 @@ def main(argv=None) -> int:
     line_buffered_stdout()
     args = parse_args(argv)
     if args.from_json:
-        with open(args.from_json) as fh:
-            md = render_md(json.load(fh))
-        print(md)
-        if args.md:
-            with open(args.md, "w") as fh:
-                fh.write(md)
+        from_json(args, one_file, lambda doc: print(render_md(doc)), render_md)
         return 0
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    torch.cuda.set_device(local)
-    dev = torch.device("cuda", local)
-    dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=120), device_id=dev)
+    dev = init_ranks("cuda", 120)
     rank, W = dist.get_rank(), dist.get_world_size()
     doc = {
         "schema": "ep-overlap-1",
@@ -196,11 +187,8 @@ def main(argv=None) -> int:
                 with open(args.json, "w") as fh:
                     json.dump(doc, fh, indent=1)
     if rank == 0:
-        md = render_md(doc)
-        print(md)
-        if args.md:
-            with open(args.md, "w") as fh:
-                fh.write(md)
+        print(render_md(doc))
+        write_outputs(doc, None, args.md, render_md)
     dist.barrier()
     dist.destroy_process_group()
     return 0

@@ -8,7 +8,6 @@ import math
 import statistics
 
 import groupmm
-import groupmm.integrations.torchtitan as groupmm_torchtitan
 import groupmm.parallel as gpar
 import torch
 import torch.distributed as dist
@@ -23,9 +22,6 @@ from harness.report.ep import LOCAL, PHASES, check_lines, make_row, phases_of
 from harness.timing import rr_orders
 from peers.torchtitan import build_torchtitan, torchtitan_grads
 
-#: torchtitan's own classes: its experts on torch._grouped_mm, or switched to groupmm's
-#: fused block by groupmm.integrations.torchtitan.enable
-TT_IMPLS = ("torchtitan", "tt_groupmm", "tt_seam")
 #: --check's tolerances on relative differences, by dtype (torchtitan: always bf16's)
 TOL = {"float64": 1e-10, "float32": 1e-4, "bfloat16": 3e-2}
 TOL_BF16 = TOL["bfloat16"]
@@ -134,7 +130,7 @@ def run_row(spec: dict, args, ctx: dict) -> dict:
         m.experts, m.router = ex, FixedRouter(ids, weights, dtype, E)
         return m
 
-    unfused, fixed = sharing(fused=False), sharing(ep_capacity=T)  # fixed: capacity T
+    fixed = sharing(ep_capacity=T)  # fixed: capacity T
     piped = sharing(ep_capacity=T, ep_chunks=args.pipeline_chunks)
 
     def pipelined(x):
@@ -150,7 +146,6 @@ def run_row(spec: dict, args, ctx: dict) -> dict:
 
     # the rows this rank receives (one plan: the counts exchange and its host sync)
     plan = gpar.plan(ids, ex.num_experts, group)
-    local_ids = plan.local_ids
     R = int(sum(plan.out_splits))
     del plan
     recv = gather(R)
@@ -164,46 +159,32 @@ def run_row(spec: dict, args, ctx: dict) -> dict:
     want = set(args.impls.split(","))
     # every expert on every rank: the whole layer's weights and the check's reference
     w_all = gather_experts(ex, group, W) if ("whole" in want or args.check) else None
-    for name, m in (
-        ("fused", fused),
-        ("fixed", fixed),
-        ("pipelined", pipelined),
-        ("unfused", unfused),
-    ):
+    for name, m in (("fused", fused), ("fixed", fixed), ("pipelined", pipelined)):
         if name in want:
             fwd[name] = lambda m=m: m(x)
             leaves[name] = [x, weights, ex.w_in, ex.w_out]
-    routed: dict = {}
-    for name in TT_IMPLS:
-        if name not in want:
-            continue
-        TT = ctx["tt"]
-        if TT is None:
-            errors[name] = ctx["tt_why"]
-            continue
+    module = None  # torchtitan's own classes, its experts on torch._grouped_mm
+    if "torchtitan" in want and ctx["tt"] is None:
+        errors["torchtitan"] = ctx["tt_why"]
+    elif "torchtitan" in want:
         why = None
         try:
-            module = build_torchtitan(TT, mesh, split, ex, E, k, dev, dtype)
-            if name == "tt_groupmm":
-                groupmm_torchtitan.enable(module, fused=True)  # the fused block
-            elif name == "tt_seam":
-                groupmm_torchtitan.enable(module, fused=False)  # _grouped_mm only
+            module = build_torchtitan(ctx["tt"], mesh, split, ex, E, k, dev, dtype)
         except Exception as e:  # noqa: BLE001 - reported, the others go on
             why = error_text(e)
         if agree(why is None, dev):
 
-            def tt_forward(module=module):
+            def tt_forward():
                 x3, ids3, s3 = x.view(1, T, d), ids.view(1, T, k), weights.view(1, T, k)
                 # MoE.forward's tokens per expert: the one-hot routing map, summed
                 rmap = torch.zeros(1, T, E, dtype=torch.bool, device=x.device)
                 counts = rmap.scatter_(-1, ids3, True).sum(dim=(0, 1))
                 return module(x3, s3, ids3, counts).view(T, d)
 
-            fwd[name] = tt_forward
-            leaves[name] = [x, weights, *module.parameters()]
-            routed[name] = module
+            fwd["torchtitan"] = tt_forward
+            leaves["torchtitan"] = [x, weights, *module.parameters()]
         else:
-            errors[name] = why or "failed to build on another rank"
+            errors["torchtitan"] = why or "failed to build on another rank"
     if "whole" in want:
         assert w_all is not None
         w_in_all, w_out_all = (w.requires_grad_() for w in w_all)  # the reference detaches
@@ -215,29 +196,16 @@ def run_row(spec: dict, args, ctx: dict) -> dict:
 
         fwd["whole"] = whole
         leaves["whole"] = [x, weights, w_in_all, w_out_all]
-    rows = grows = None
-    if "single" in want:
-        g2 = torch.Generator().manual_seed(seed + 17 + rank)
-        rows = torch.randn(R, d, generator=g2).to(dev, dtype).requires_grad_()
-        grows = torch.randn(R, d, generator=g2).to(dev, dtype)
-
-        def single():
-            r = routes(local_ids, ex.num_experts)
-            return expert_block(rows, ex.w_in, ex.w_out, r.offs, r.src, r.inverse, None)
-
-        fwd["single"] = single
-        leaves["single"] = [rows, ex.w_in, ex.w_out]
 
     def make_step(name):
         fn, ls = fwd[name], leaves[name]
-        g = grows if name == "single" else gy
 
         def step():
             for t in ls:
                 t.grad = None
             out = fn()
             split.stamp("f3")
-            out.backward(g)
+            out.backward(gy)
 
         return step
 
@@ -256,7 +224,7 @@ def run_row(spec: dict, args, ctx: dict) -> dict:
             for t in leaves[name]:
                 t.grad = None
             out = fwd[name]()
-            out.backward(grows if name == "single" else gy)
+            out.backward(gy)
             clock.sync()
         except Exception as e:  # noqa: BLE001 - reported, the others go on
             why = error_text(e)
@@ -265,9 +233,9 @@ def run_row(spec: dict, args, ctx: dict) -> dict:
             errors[name] = why or "failed on another rank"
             del steps[name]
             continue
-        if args.check and name != "single":
-            if name in TT_IMPLS:
-                gw_in, gw_out = torchtitan_grads(routed[name])
+        if args.check:
+            if name == "torchtitan":
+                gw_in, gw_out = torchtitan_grads(module)
             elif name == "whole":  # every rank's tokens' gradient of this rank's experts
                 gw_in, gw_out = (
                     _own_slice(leaf.grad, group, rank, ex.num_experts) for leaf in leaves[name][2:]
@@ -383,7 +351,7 @@ def run_check(got: dict, x, ids, weights, ex, w_all, gy, ctx) -> dict:
     dname = str(dtype).replace("torch.", "")
     res: dict = {"tolerance": {}, "vs_reference": {}, "vs_fused": {}, "failed": []}
     for name in got:
-        tol = TOL_BF16 if name in TT_IMPLS else TOL[dname]
+        tol = TOL_BF16 if name == "torchtitan" else TOL[dname]
         res["tolerance"][name] = tol
         for key in ("vs_reference", "vs_fused"):
             per = [o[key].get(name) for o in everyone if o[key].get(name)]

@@ -6,7 +6,6 @@ rank; with exact sizes, fixed sizes (``--capacity``) or both (``--modes exact,fi
     NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc-per-node W benches/profile_ep.py \
         [--config mixtral] [--tokens-per-gpu 16384] [--capacity N|tokens] \
         [--modes exact,fixed] [--trace OUT.json.gz] [--md OUT.md] [--device cuda|cpu]
-    python3 benches/profile_ep.py --from-trace OUT.json.gz    # summarize a trace; no GPU
 
 ``--md`` also writes the document as JSON beside it; with several modes each mode's trace
 goes to ``--trace``'s name with ``-MODE`` before its extension.
@@ -49,7 +48,6 @@ def parse_args(argv=None):
     p.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda when available")
     p.add_argument("--trace", help="rank 0's chrome trace (.json or .json.gz)")
     p.add_argument("--md", help="the summary in markdown (rank 0)")
-    p.add_argument("--from-trace", help="summarize a saved trace; no GPU, no torchrun")
     args = p.parse_args(argv)
     args.modes = (args.modes or ("fixed" if args.capacity else "exact")).split(",")
     bad = [m for m in args.modes if m not in MODES]
@@ -115,17 +113,6 @@ def summarize(events: list) -> dict:
     return out
 
 
-def upgrade(doc: dict) -> dict:
-    """A document written before the modes (one exact-size profile) in the modes' form."""
-    if "modes" in doc:
-        return doc
-    out = {k: v for k, v in doc.items() if k not in ("steps_ms", "marks", "summary")}
-    one = {"mode": "exact", "capacity": None}
-    one.update((k, doc.get(k)) for k in ("steps_ms", "marks", "summary"))
-    out["modes"] = [one]
-    return out
-
-
 def mode_text(m: dict) -> str:
     if m["mode"] == "exact":
         return "exact (capacity=None: one host sync per call)"
@@ -133,11 +120,10 @@ def mode_text(m: dict) -> str:
 
 
 def render_md(doc: dict) -> str:
-    doc = upgrade(doc)
     modes = doc["modes"]
     lines = [
-        f"**{doc['device']} x {doc['world']} ({doc.get('backend', 'nccl')}); torch "
-        f"{doc['torch']}; {doc.get('dtype', 'bfloat16')}; {doc['config']} (d, d_ff, E, k) = "
+        f"**{doc['device']} x {doc['world']} ({doc['backend']}); torch "
+        f"{doc['torch']}; {doc['dtype']}; {doc['config']} (d, d_ff, E, k) = "
         f"{tuple(doc['dims'])}; {doc['tokens_per_gpu']} tokens per GPU; uniform routing; "
         f"modes: {', '.join(mode_text(m) for m in modes)}**",
         "",
@@ -330,10 +316,6 @@ def profile(args) -> int:
 def main(argv=None) -> int:
     line_buffered_stdout()
     args = parse_args(argv)
-    if args.from_trace:
-        s = summarize(load_trace(args.from_trace))
-        print("  ".join(f"{k} {v:.2f} ms" for k, v in s.items()))
-        return 0
     if args.config not in CONFIGS:
         raise SystemExit(f"unknown config {args.config!r}; known: {', '.join(CONFIGS)}")
     return profile(args)

@@ -1,4 +1,4 @@
-"""torchtitan, as bench_ep.py calls it: how it is imported and set up
+"""torchtitan, as bench_ep.py and bench_torchtitan.py call it: how it is imported and set up
 (:func:`load_torchtitan`: its SPMD backend, the EP mesh registered as its trainer does;
 optional: absent, the bench says why), its version, its ``RoutedExperts`` (its
 ``AllToAllTokenDispatcher`` + ``GroupedExperts``) built on copies of groupmm's local
@@ -6,11 +6,14 @@ experts (:func:`build_torchtitan`: w1 = gate^T, w3 = up^T, w2 = w_out^T) and its
 gradients in groupmm's layout (:func:`torchtitan_grads`). On gloo its uneven list-form
 ``all_to_all`` (which gloo lacks) goes through ``all_to_all_single`` (:class:`_GlooDist`,
 installed by ``spmd_types._dist.set_dist``, the hook spmd_types provides for that).
+bench_torchtitan.py's models: its Qwen3-MoE recipe at a config's sizes, EP over its
+``ParallelDims`` (:func:`setup_parallel`, :func:`build_models`).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 
 import torch
 import torch.distributed as dist
@@ -37,6 +40,13 @@ class _GlooDist:
         return None
 
 
+def _non_strict_tracing() -> None:
+    """torchtitan 0.3.0's dispatcher asks this of torch releases after 2.11; in an eager
+    run nothing traces, which is this answer."""
+    if not hasattr(torch.compiler, "_is_non_strict_tracing"):
+        torch.compiler._is_non_strict_tracing = lambda: False  # type: ignore[attr-defined]
+
+
 def load_torchtitan(backend: str, mesh, gloo: bool):
     """``(module namespace, None)`` or ``(None, why)``; sets torchtitan's SPMD backend and
     registers ``mesh`` as its sparse (EP) mesh as its trainer does."""
@@ -48,10 +58,7 @@ def load_torchtitan(backend: str, mesh, gloo: bool):
     except Exception as e:  # noqa: BLE001 - any import failure means "not usable here"
         return None, f"import torchtitan failed: {error_text(e)}"
     tt_utils.set_spmd_backend(backend)
-    if not hasattr(torch.compiler, "_is_non_strict_tracing"):
-        # torchtitan 0.3.0's dispatcher asks this of torch releases after 2.11; in an eager
-        # run nothing traces, which is this answer
-        torch.compiler._is_non_strict_tracing = lambda: False  # type: ignore[attr-defined]
+    _non_strict_tracing()
     if backend == "spmd_types":
         set_spmd_meshes(dense_mesh=mesh, sparse_mesh=mesh)
         if gloo:
@@ -101,3 +108,99 @@ def torchtitan_grads(routed) -> tuple:
     if g1 is None or g2 is None or g3 is None:
         return None, None
     return torch.cat([g1.transpose(1, 2), g3.transpose(1, 2)], dim=2), g2.transpose(1, 2)
+
+
+# ------------------------------------------------------------- bench_torchtitan's models
+
+
+def torch_compat() -> list:
+    """Names torchtitan 0.3.0's model packages import from torch that this torch lacks
+    (``torch.distributed.fsdp.DataParallelMeshDims``, newer than torch 2.11), defined as
+    placeholders (annotations and FSDP arguments; no FSDP runs): the names defined."""
+    import torch.distributed.fsdp as fsdp
+
+    added = []
+    if not hasattr(fsdp, "DataParallelMeshDims"):
+        fsdp.DataParallelMeshDims = type("DataParallelMeshDims", (), {})
+        added.append("torch.distributed.fsdp.DataParallelMeshDims")
+    return added
+
+
+def model_config(spec, layers: int, vocab: int, seq_len: int, attention: str):
+    """torchtitan's Qwen3-MoE config of ``spec``'s sizes (its flavours' recipe)."""
+    from torchtitan.models import qwen3
+    from torchtitan.models.common import CosSinRoPE, Embedding, Linear
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+
+    dim, hidden, experts, top_k, heads, kv_heads, head_dim = spec
+    cfg = qwen3.Qwen3Model.Config(
+        vocab_size=vocab,
+        dim=dim,
+        norm=qwen3._qwen3_norm(dim),
+        tok_embeddings=Embedding.Config(
+            num_embeddings=vocab, embedding_dim=dim, param_init=qwen3._EMBEDDING_INIT
+        ),
+        lm_head=Linear.Config(in_features=dim, out_features=vocab, param_init=qwen3._LINEAR_INIT),
+        layers=qwen3._build_qwen3_moe_layers(
+            **dict(n_layers=layers, dim=dim, n_heads=heads, n_kv_heads=kv_heads),
+            **dict(head_dim=head_dim, moe_hidden_dim=hidden, num_experts=experts, top_k=top_k),
+            attn_backend="flex",
+            moe_comm_backend="standard",
+            rope=CosSinRoPE.Config(dim=head_dim, max_seq_len=seq_len, theta=1e6),
+        ),
+    )
+    if attention == "sdpa":
+        for layer in cfg.layers:
+            layer.attention.inner_attention = ScaledDotProductAttention.Config()
+    return cfg
+
+
+def setup_parallel(W: int, cpu: bool):
+    """torchtitan's ParallelDims with EP = W (its partial_dtensor SPMD backend)."""
+    import torchtitan.distributed.parallel_dims as pd
+    import torchtitan.distributed.utils as tdu
+
+    if cpu:
+        pd.device_type = "cpu"  # torchtitan takes "cuda" when no accelerator is present
+    _non_strict_tracing()
+    tdu.set_spmd_backend("partial_dtensor")
+    dims = dict(dp_replicate=1, dp_shard=-1, cp=1, tp=1, pp=1, ep=W, world_size=W)
+    pdims = pd.ParallelDims(**dims, spmd_backend="partial_dtensor")
+    pdims.build_mesh()
+    return pdims
+
+
+def build_models(args, spec, pdims, impls, dev, dtype):
+    """bench_torchtitan.py's ``{impl: model}`` from one set of weights, parallelized (EP >
+    1) and compiled, and its notes."""
+    added = torch_compat()
+    from groupmm.integrations import torchtitan as tt
+    from torchtitan.config import CompileConfig
+    from torchtitan.distributed.compile import apply_compile
+    from torchtitan.models.qwen3.sharding import set_qwen3_sharding_config
+
+    W = dist.get_world_size()
+    cfg = model_config(spec, args.layers, args.vocab, args.seq_len, args.attention)
+    if W > 1:
+        set_qwen3_sharding_config(cfg, enable_sp=False, enable_ep=True)
+    torch.manual_seed(0)
+    with torch.device(dev):
+        base = cfg.build()
+        base.init_states()
+    with torch.no_grad():  # routing scores apart: the two implementations route alike
+        for layer in base.layers.values():
+            layer.moe.router.gate.weight.normal_(0, spec[0] ** -0.5)
+    base = base.to(dtype)
+    models, notes = {}, [f"placeholder for torchtitan: {n}" for n in added]
+    for impl in impls:
+        model = copy.deepcopy(base)
+        if impl == "groupmm":
+            tt.enable_moe(model)  # before parallelize, which wraps what it finds
+        if W > 1:
+            model.parallelize(pdims)
+        if args.compile:
+            no_tp = type("NoTP", (), {"tp_enabled": False})()
+            config = CompileConfig(enable=True, backend=args.compile_backend)
+            apply_compile(model, compile_config=config, parallel_dims=no_tp)
+        models[impl] = model.train()
+    return models, notes

@@ -5,7 +5,7 @@ backward, and whole runs under torchrun on gloo (2 ranks in float64, 1 rank in f
 tiny sizes, ``--check``): exit 0, the JSON's structure, and every implementation that ran
 (fixed-size exchanges and the whole layer on one rank included) giving the same outputs and
 gradients as a plain-torch reference and as groupmm's fused layer. benches/profile_ep.py:
-its options, its markdown (old files too) and a 2-rank gloo run of both modes.
+its options, its markdown and a 2-rank gloo run of both modes.
 
 torchtitan is not installed in CI: there the bench skips it and says why, which is checked;
 where it imports (e.g. PYTHONPATH with torchtitan 0.3.0 and its dependencies), its rows are
@@ -102,25 +102,21 @@ def _rank(samples, phases, recv, **more):
 
 
 def test_row_takes_the_slowest_rank_and_the_ratios():
-    names = ["fused", "torchtitan", "single"]
+    names = ["fused", "torchtitan"]
     ph = {"dispatch": 1.0, "experts": 2.0, "combine": 1.0, "step": 4.0}
     r0 = _rank(
-        {"fused": [4.0, 5.0, 4.0], "torchtitan": [8.0, 8.0, 9.0], "single": [2.0, 2.0, 2.0]},
-        {"fused": ph, "torchtitan": dict(ph, experts=3.0), "single": {"step": 2, "experts": 2}},
+        {"fused": [4.0, 5.0, 4.0], "torchtitan": [8.0, 8.0, 9.0]},
+        {"fused": ph, "torchtitan": dict(ph, experts=3.0)},
         300,
     )
     r1 = _rank(
-        {"fused": [6.0, 4.0, 6.0], "torchtitan": [7.0, 9.0, 9.0], "single": [1.0, 1.0, 1.0]},
-        {
-            "fused": dict(ph, dispatch=3.0),
-            "torchtitan": ph,
-            "single": {"step": 1, "experts": 1},
-        },
+        {"fused": [6.0, 4.0, 6.0], "torchtitan": [7.0, 9.0, 9.0]},
+        {"fused": dict(ph, dispatch=3.0), "torchtitan": ph},
         100,
     )
     spec = {"config": "c", "routing": "uniform", "T": 1000, "d_model": 8, "d_ff": 8}
     spec.update(experts=4, top_k=2)
-    row = ep_report.make_row(spec, 2, [r0, r1], names, {"unfused": "why"}, None, "bfloat16")
+    row = ep_report.make_row(spec, 2, [r0, r1], names, {"fixed": "why"}, None, "bfloat16")
     f, t = row["impls"]["fused"], row["impls"]["torchtitan"]
     assert f["samples_ms"] == [6.0, 5.0, 6.0]  # the slowest rank of each round
     assert f["step_ms"] == 6.0 and t["step_ms"] == 9.0
@@ -129,12 +125,8 @@ def test_row_takes_the_slowest_rank_and_the_ratios():
     assert f["vs_torchtitan"] == pytest.approx(1.5)
     assert f["vs_torchtitan_rounds"]["min"] == pytest.approx(8.0 / 6.0)
     assert t["vs_torchtitan"] == pytest.approx(1.0) and t["vs_torchtitan_rounds"] is None
-    assert f["experts_vs_single_per_rank"] == [1.0, 2.0] and f["experts_vs_single"] == 2.0
-    assert t["experts_vs_single_per_rank"] == [1.5, 2.0] and t["experts_vs_single"] == 2.0
-    single = row["impls"]["single"]
-    assert single["vs_torchtitan"] is None and single["phases_ms"]["dispatch"] is None
     assert row["recv_rows"] == [300, 100] and row["recv_imbalance"] == 1.5
-    assert row["errors"] == {"unfused": "why"}
+    assert row["errors"] == {"fixed": "why"}
     # no whole layer, no splits, no all-to-all: those figures are left out
     assert f["ep_efficiency"] is None and "exchange" not in f and "alltoall" not in row
 
@@ -143,10 +135,10 @@ def test_row_efficiency_exchanges_and_bandwidth():
     """EP efficiency = whole's step / this one's (the slowest rank's, median over rounds);
     the exchanges' rows and bytes from every rank's splits (fused) or from T (fixed); the
     all-to-all's time from the slowest rank per sample."""
-    names = ["fused", "fixed", "unfused", "whole", "single"]
+    names = ["fused", "fixed", "pipelined", "whole"]
     ph = {"dispatch": 2.0, "experts": 2.0, "combine": 1.0, "step": 5.0}
     local = {"step": 3.0, "experts": 3.0}
-    phases = {"fused": ph, "fixed": ph, "unfused": ph, "whole": local, "single": local}
+    phases = {"fused": ph, "fixed": ph, "pipelined": ph, "whole": local}
     row_bytes = 16 * 2  # d = 16 in bf16
     ranks = []
     # rank 0 sends [30, 10] rows to ranks 0, 1 and rank 1 [20, 40]: rank 0 receives
@@ -155,8 +147,8 @@ def test_row_efficiency_exchanges_and_bandwidth():
         ([5.0, 4.0], [30, 10], [30, 20], {"fixed": [1.0, 2.0, 3.0], "exact": [1.0, 1.0, 1.0]}),
         ([4.0, 4.0], [20, 40], [10, 40], {"fixed": [2.0, 1.0, 5.0], "exact": [0.5, 2.0, 1.0]}),
     ):
-        samples = {n: steps for n in ("fused", "fixed", "unfused")}
-        samples.update(whole=[3.0, 2.0], single=[1.0, 1.0])
+        samples = {n: steps for n in ("fused", "fixed", "pipelined")}
+        samples.update(whole=[3.0, 2.0])
         splits = {"in": ins, "out": outs}
         alltoall = {"fixed": {"rows": 2 * 64, "ms": a2a["fixed"]}}
         alltoall["exact"] = {"rows": 50, "ms": a2a["exact"]}
@@ -168,12 +160,12 @@ def test_row_efficiency_exchanges_and_bandwidth():
     row = ep_report.make_row(spec, 2, ranks, names, {}, None, "bfloat16")
     im = row["impls"]
     assert im["fused"]["step_ms"] == 4.5 and im["whole"]["step_ms"] == 2.5
-    for n in ("fused", "fixed", "unfused"):
+    for n in ("fused", "fixed", "pipelined"):
         assert im[n]["ep_efficiency"] == pytest.approx(2.5 / 4.5)
         assert im[n]["ep_efficiency_rounds"]["min"] == pytest.approx(2.0 / 4.0)
         assert im[n]["ep_efficiency_rounds"]["max"] == pytest.approx(3.0 / 5.0)
-    assert im["whole"]["ep_efficiency"] is None and im["single"]["ep_efficiency"] is None
-    assert im["whole"]["vs_torchtitan"] is None and "exchange" not in im["unfused"]
+    assert im["whole"]["ep_efficiency"] is None
+    assert im["whole"]["vs_torchtitan"] is None and "exchange" not in im["pipelined"]
     # fused: rank 0 sends [30, 10] (10 off-rank), rank 1 [20, 40] (20 off-rank); rank 0
     # receives [30, 20] (20 off-rank back), rank 1 [10, 40] (10 off-rank back)
     x = im["fused"]["exchange"]
@@ -215,7 +207,6 @@ def _doc(world, step):
         "phases_ms": ph,
         "vs_torchtitan": None,
         "vs_torchtitan_rounds": None,
-        "experts_vs_single": 1.05,
     }
     row = {"config": "tiny", "routing": "skewed", "world": world, "d_model": 16, "d_ff": 32}
     row.update(experts=8, top_k=2, recv_imbalance=1.4, impls={"fused": impl})
@@ -273,8 +264,8 @@ def _check_doc(doc, md, stdout, world, dtype, routings):
     assert doc["timer"]["split"] is True and doc["timer"]["clock"] == "perf_counter"
     assert doc["timer"]["a2a_samples"] == 3
     tt = doc["torchtitan"]
-    ep = {"fused", "fixed", "pipelined", "unfused"} | ({"torchtitan"} if tt["used"] else set())
-    expected = ep | {"whole", "single"}
+    ep = {"fused", "fixed", "pipelined"} | ({"torchtitan"} if tt["used"] else set())
+    expected = ep | {"whole"}
     assert [r["routing"] for r in doc["rows"]] == routings
     for row in doc["rows"]:
         assert row["world"] == world and len(row["recv_rows"]) == world
@@ -290,7 +281,6 @@ def _check_doc(doc, md, stdout, world, dtype, routings):
             assert v["phases_ms"]["experts"] > 0, name
             if name in ep:  # the split reached every EP implementation
                 assert all(v["phases_ms"][p] is not None for p in ep_report.PHASES), name
-                assert v["experts_vs_single"] > 0
                 whole = row["impls"]["whole"]["step_ms"]
                 assert v["ep_efficiency"] == pytest.approx(whole / v["step_ms"]), name
             else:  # one GPU, no exchange: the whole step is experts
@@ -318,8 +308,8 @@ def _check_doc(doc, md, stdout, world, dtype, routings):
         # the speed comparison is also a correctness comparison
         c = row["check"]
         assert c["ok"], c["failed"]
-        assert set(c["vs_reference"]) == expected - {"single"}
-        assert set(c["vs_fused"]) == expected - {"single", "fused"}
+        assert set(c["vs_reference"]) == expected
+        assert set(c["vs_fused"]) == expected - {"fused"}
         for name, qs in c["vs_reference"].items():
             assert set(qs) == set(ep_run.GRADS)
             assert all(v <= c["tolerance"][name] for v in qs.values()), (name, qs)
@@ -336,7 +326,7 @@ def test_two_ranks_float64(tmp_path):
     doc, md, out = _launch(tmp_path, 2, "fp64", "uniform,skewed")
     _check_doc(doc, md, out, 2, "float64", ["uniform", "skewed"])
     for row in doc["rows"]:
-        for name in ("fused", "fixed", "unfused", "whole"):
+        for name in ("fused", "fixed", "pipelined", "whole"):
             assert max(row["check"]["vs_reference"][name].values()) <= 1e-10
         # fixed sizes move the same rows (and padding): fused's results, to rounding
         assert max(row["check"]["vs_fused"]["fixed"].values()) <= 1e-12
@@ -354,7 +344,7 @@ def test_one_rank_float32(tmp_path):
 # ---------------------------------------------------------------------- profile_ep
 
 
-def test_profile_options_and_old_markdown():
+def test_profile_options_and_markdown():
     assert profile_ep.parse_args([]).modes == ["exact"]
     a = profile_ep.parse_args(["--capacity", "tokens", "--tokens-per-gpu", "64"])
     assert a.modes == ["fixed"] and profile_ep.capacity_of(a, "fixed") == 64
@@ -369,12 +359,13 @@ def test_profile_options_and_old_markdown():
         profile_ep.parse_args(["--modes", "exact,exact"])
     assert profile_ep.trace_path("/t/p.json.gz", "fixed", True) == "/t/p-fixed.json.gz"
     assert profile_ep.trace_path("/t/p.json", "exact", False) == "/t/p.json"
-    # a file written before the modes: one exact-size profile
     summary = {"span": 3.0, "gemm": 1.0, "nccl": 1.0, "rows": 0.5, "other": 0.25, "idle": 0.25}
-    old = {"argv": "torchrun x", "device": "H200", "world": 2, "torch": "2.x"}
-    old.update(config="mixtral", dims=[4096, 14336, 8, 2], tokens_per_gpu=16384)
-    old.update(steps_ms=[3.0], marks=[[["start", 0.0, 0.0]]] * 2, summary=summary)
-    md = profile_ep.render_md(old)
+    doc = {"argv": "torchrun x", "device": "H200", "world": 2, "torch": "2.x", "backend": "nccl"}
+    doc.update(config="mixtral", dims=[4096, 14336, 8, 2], tokens_per_gpu=16384)
+    mode = dict(mode="exact", capacity=None, steps_ms=[3.0], summary=summary)
+    mode["marks"] = [[["start", 0.0, 0.0]]] * 2
+    doc.update(dtype="bfloat16", modes=[mode])
+    md = profile_ep.render_md(doc)
     assert "(nccl)" in md and "bfloat16" in md
     assert "| exact (capacity=None: one host sync per call) | 3.00 | 3.00 | 1.00 |" in md
 

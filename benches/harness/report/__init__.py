@@ -39,11 +39,6 @@ def md_row(cells) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def md_rule(align: str) -> str:
-    """A table's rule from one letter a column: ``l`` left, ``r`` right."""
-    return "|" + "".join(" --- |" if a == "l" else " ---: |" for a in align)
-
-
 def mib(v) -> str:
     return "-" if v is None else f"{v / 2**20:.0f}"
 

@@ -4,37 +4,24 @@ from __future__ import annotations
 
 import statistics
 
-from harness.report import commands, fmt, md_head, merge_runs, no_figure_lines
+from harness import report as rp
+from harness.report import fmt, md_row
 from harness.timing import paired
 
 #: the phases of a step, in table order
 PHASES = ("dispatch", "experts", "combine")
 
-#: the implementations, in table order
-IMPLS = (
-    "fused",
-    "fixed",
-    "pipelined",
-    "unfused",
-    "torchtitan",
-    "tt_groupmm",
-    "tt_seam",
-    "whole",
-    "single",
-)
+#: the implementations, in table order (a result file's others are left out of its tables)
 LABELS = {
     "fused": "groupmm fused",
     "fixed": "groupmm fused, fixed sizes",
     "pipelined": "groupmm fused, fixed sizes, pipelined",
-    "unfused": "groupmm unfused",
     "torchtitan": "torchtitan",
-    "tt_groupmm": "torchtitan + groupmm experts",
-    "tt_seam": "torchtitan + groupmm products",
     "whole": "whole layer, one GPU (ref)",
-    "single": "single-GPU fused (ref)",
 }
-#: the references on one GPU: no exchange, the whole step is experts
-LOCAL = ("whole", "single")
+IMPLS = tuple(LABELS)
+#: the reference on one GPU: no exchange, the whole step is experts
+LOCAL = ("whole",)
 #: the EP implementations, in table order (each has an EP efficiency against ``whole``)
 EP_IMPLS = tuple(n for n in IMPLS if n not in LOCAL)
 #: groupmm's fused EP paths, whose exchanges the row sizes (exact and fixed sizes)
@@ -63,14 +50,10 @@ def phases_of(ms, st: dict, ep: bool = True) -> dict:
 
 
 def exchange_sizes(ins: list, outs: list, row_bytes: int) -> dict:
-    """The rows and bytes of one EP step's exchanges on every rank (``ins[r]``: the rows
-    rank r sends to each rank in the forward dispatch; ``outs[r]``: the rows it receives
-    from each): the forward dispatch sends ``sum(ins[r])`` rows (its own included), the
-    forward return sends back the ``sum(outs[r])`` it received; the backward sends the
-    same sizes the other way (the return's gradient: the dispatch's sizes, the dispatch's
-    gradient: the return's). Bytes: the ``[rows, d]`` rows (``row_bytes`` each) that leave
-    the rank; the ids, weights and counts that ride along (k values a row) are left
-    out."""
+    """The rows and bytes of one EP step's exchanges on every rank (``ins[r]``/``outs[r]``:
+    the rows rank r sends to/receives from each rank in the forward dispatch, which the
+    forward return sends back; the backward sends the same sizes the other way). Bytes: the
+    ``[rows, d]`` rows (``row_bytes`` each) that leave the rank (not the ids and weights)."""
     out: dict = {"row_bytes": row_bytes}
     for key, splits in (("dispatch", ins), ("return", outs)):
         out[f"{key}_rows"] = [sum(s) for s in splits]
@@ -105,10 +88,8 @@ def alltoall_figures(rows: int, world: int, row_bytes: int, per_rank: list) -> d
 def make_row(spec: dict, W: int, everyone: list, names: list, errors, check, dtype) -> dict:
     """The row from every rank's numbers: per implementation the step time (median over
     the rounds of the slowest rank's sample), tokens/s per GPU, the phase medians (largest
-    over ranks), the EP efficiency (``whole``'s step over this one's), the speed against
-    torchtitan, the experts time against single's and (fused, fixed) the exchanges' rows
-    and bytes; the row's all-to-all bandwidth. A rank's numbers without ``splits``,
-    ``row_bytes`` or ``alltoall`` (not measured) leave those figures out."""
+    over ranks), the EP efficiency (``whole``'s step / this one's), the speed against
+    torchtitan, (fused, fixed) the exchanges; the all-to-all bandwidth (each when measured)."""
     recv = [o["recv_rows"] for o in everyone]
     mean = sum(recv) / len(recv)
     row = dict(spec, world=W, dtype=dtype, recv_rows=recv)
@@ -151,13 +132,6 @@ def make_row(spec: dict, W: int, everyone: list, names: list, errors, check, dty
         v["ep_efficiency_rounds"] = (
             paired(v["samples_ms"], whole["samples_ms"]) if has_whole else None
         )
-        ratios = []
-        for o in everyone:
-            mine, ref = o["phases"].get(n, {}), o["phases"].get("single", {})
-            if mine.get("experts") and ref.get("experts"):
-                ratios.append(mine["experts"] / ref["experts"])
-        v["experts_vs_single_per_rank"] = ratios if len(ratios) == len(everyone) else None
-        v["experts_vs_single"] = max(ratios) if len(ratios) == len(everyone) else None
     row_bytes = everyone[0].get("row_bytes")
     splits = [o.get("splits") for o in everyone]
     if row_bytes:
@@ -206,8 +180,7 @@ def format_line(row: dict, name: str) -> str:
         f"{label(row):28} {name:10} step {fmt(v['step_ms'], '8.3f')} ms  "
         f"{fmt_rate(v['tokens_per_s_per_gpu']):>7} tok/s/GPU  "
         + " ".join(f"{p} {fmt(ph.get(p), '.3f')}" for p in PHASES)
-        + f"{eff}  vs torchtitan {fmt(v['vs_torchtitan'])}x  experts/single "
-        f"{fmt(v['experts_vs_single'])}"
+        + f"{eff}  vs torchtitan {fmt(v['vs_torchtitan'])}x"
     )
 
 
@@ -238,10 +211,6 @@ def _mean(v):
     return sum(v) / len(v) if v else None
 
 
-def _lower_bound(v) -> str:
-    return "-" if v is None else fmt_gbps(v) + " (lower bound)"
-
-
 def fmt_gbps(v) -> str:
     """GB/s: one decimal, three significant digits below 10 (the CPU's tiny runs)."""
     return "-" if v is None else f"{v:.1f}" if v >= 10 else f"{v:.3g}"
@@ -253,12 +222,12 @@ def fmt_mb(v) -> str:
 
 def describe(doc: dict) -> list:
     tt = doc.get("torchtitan") or {}
-    tt_s = (
-        f"torchtitan {tt.get('version')} ({tt.get('backend')} backend)"
-        if tt.get("used")
-        else f"torchtitan not measured: {tt.get('why') or 'not in this run'}"
-    )
-    t = doc.get("timer") or {}
+    tt_s = f"torchtitan not measured: {tt.get('why') or 'not in this run'}"
+    if tt.get("used"):
+        tt_s = f"torchtitan {tt.get('version')} ({tt.get('backend')} backend)"
+    t, a2a = doc.get("timer") or {}, ""
+    if t.get("a2a_samples"):
+        a2a = f"; all_to_all_single: median of {t['a2a_samples']} samples per size"
     return [
         f"device {doc.get('device')} x {doc.get('world')} ({doc.get('backend')}); torch "
         f"{doc.get('torch')}, CUDA {doc.get('cuda') or '-'}; {doc.get('dtype')}; "
@@ -268,26 +237,22 @@ def describe(doc: dict) -> list:
         f"round-robin rounds of {t.get('calls')} steps per implementation; step = median over "
         "rounds of the slowest rank's sample; split: "
         + ("per step, at the phase boundaries, in the timed steps" if t.get("split") else "off")
-        + (
-            f"; all_to_all_single: median of {t['a2a_samples']} samples per size"
-            if t.get("a2a_samples")
-            else ""
-        ),
+        + a2a,
     ]
 
 
 def render_md(doc: dict) -> str:
     """The result document as markdown: environment, commands, the EP efficiency table,
     the step table, the bandwidth table, errors, check."""
-    out = md_head(describe(doc), doc, commands(doc))
+    out = rp.md_head(describe(doc), doc, rp.commands(doc))
     rows = doc.get("rows", [])
     out += efficiency_md(rows)
     out += [
         "",
         "| config (d, d_ff, E, k) | routing | W | impl | EP efficiency | step ms (max over "
         "ranks) | tokens/s/GPU | dispatch ms | experts ms | combine ms | speed vs torchtitan "
-        "| experts / single-GPU | recv rows max/mean |",
-        "| --- | --- | ---: | --- |" + " ---: |" * 9,
+        "| recv rows max/mean |",
+        "| --- | --- | ---: | --- |" + " ---: |" * 8,
     ]
     for r in rows:
         for n in IMPLS:
@@ -300,15 +265,14 @@ def render_md(doc: dict) -> str:
                 r["routing"],
                 str(r["world"]),
                 LABELS[n],
-                with_range(v.get("ep_efficiency"), v.get("ep_efficiency_rounds")),
+                rp.ratio_range(v.get("ep_efficiency"), v.get("ep_efficiency_rounds")),
                 fmt(v["step_ms"]),
                 fmt_rate(v["tokens_per_s_per_gpu"]),
                 *(fmt(ph.get(q)) for q in PHASES),
-                with_range(v["vs_torchtitan"], v.get("vs_torchtitan_rounds")),
-                fmt(v["experts_vs_single"]),
+                rp.ratio_range(v["vs_torchtitan"], v.get("vs_torchtitan_rounds")),
                 fmt(r.get("recv_imbalance")),
             ]
-            out.append("| " + " | ".join(cells) + " |")
+            out.append(md_row(cells))
     out += [
         "",
         "EP efficiency: the whole layer's step on one GPU (every expert, this rank's tokens, "
@@ -317,11 +281,10 @@ def render_md(doc: dict) -> str:
         "backward); tokens/s/GPU: tokens per GPU / step; dispatch / experts / combine: "
         "medians per rank, the largest over ranks (a rank waiting for a slower one waits in "
         "its exchanges); speed vs torchtitan: torchtitan's step / this one's (min–max of the "
-        "round-by-round ratios); experts / single-GPU: the experts time over the single-GPU "
-        "fused block's on the same rank's received rows, the largest over ranks.",
+        "round-by-round ratios).",
     ]
     out += bandwidth_md(rows)
-    out += no_figure_lines(rows, label, lambda n: LABELS.get(n, n))
+    out += rp.no_figure_lines(rows, label, lambda n: LABELS.get(n, n))
     checks = check_lines(rows)
     if checks:
         out += [""] + [ln + "  " for ln in checks]
@@ -330,14 +293,6 @@ def render_md(doc: dict) -> str:
 
 def config_cell(r: dict) -> str:
     return f"{r['config']} ({r['d_model']}, {r['d_ff']}, {r['experts']}, {r['top_k']})"
-
-
-def with_range(v, p) -> str:
-    """A ratio and, when there are round-by-round ratios, their min–max."""
-    s = fmt(v)
-    if v is not None and p:
-        s += f" ({p['min']:.2f}–{p['max']:.2f})"
-    return s
 
 
 def efficiency_md(rows) -> list:
@@ -362,7 +317,7 @@ def efficiency_md(rows) -> list:
         for n in names:
             e = (r["impls"].get(n) or {}).get("ep_efficiency")
             cells.append("-" if e is None else f"**{e:.2f}**")
-        out.append("| " + " | ".join(cells) + " |")
+        out.append(md_row(cells))
     return out
 
 
@@ -377,20 +332,17 @@ def bandwidth_md(rows) -> list:
             if a:
                 cells = [what, str(a["rows"]), "-", fmt_mb(a["bytes_off_rank"])]
                 cells += [fmt(a["ms"], ".3f"), fmt_gbps(a["gb_per_s"])]
-                lines.append("| " + " | ".join(head + cells) + " |")
+                lines.append(md_row(head + cells))
         for n in EXCHANGED:
             x = (r["impls"].get(n) or {}).get("exchange")
             if not x:
                 continue
-            cells = [
-                f"{LABELS[n]}: dispatch phase",
-                fmt(_mean(x["dispatch_rows"]), ".0f"),
-                fmt(_mean(x["return_rows"]), ".0f"),
-                fmt_mb(_mean(x["phase_bytes_off"])),
-                fmt(r["impls"][n]["phases_ms"].get("dispatch"), ".3f"),
-                _lower_bound(x.get("achieved_gb_per_s")),
-            ]
-            lines.append("| " + " | ".join(head + cells) + " |")
+            gb = x.get("achieved_gb_per_s")
+            cells = [f"{LABELS[n]}: dispatch phase", fmt(_mean(x["dispatch_rows"]), ".0f")]
+            cells += [fmt(_mean(x["return_rows"]), ".0f"), fmt_mb(_mean(x["phase_bytes_off"]))]
+            cells += [fmt(r["impls"][n]["phases_ms"].get("dispatch"), ".3f")]
+            cells += ["-" if gb is None else fmt_gbps(gb) + " (lower bound)"]
+            lines.append(md_row(head + cells))
     if not lines:
         return []
     return [
@@ -441,6 +393,6 @@ def merge_docs(docs: list) -> dict:
     """Several result documents (e.g. W = 1, 2, 4) as one: rows in order, every command."""
     if len(docs) == 1:
         return docs[0]
-    out = merge_runs(docs)
+    out = rp.merge_runs(docs)
     out["world"] = ",".join(str(d.get("world")) for d in docs)
     return out

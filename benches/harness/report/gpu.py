@@ -2,22 +2,9 @@
 
 from __future__ import annotations
 
+from harness import report as rp
 from harness.configs import CLASS_TITLE, CLASSES
-from harness.report import (
-    bars,
-    build_info_text,
-    chart,
-    commands,
-    fmt,
-    md_head,
-    md_row,
-    min_stats,
-    ratio_range,
-    save_png,
-    spread_pct,
-    timed_errors,
-    timed_fields,
-)
+from harness.report import fmt, md_row
 from harness.timing import paired
 
 SCRIPT = "python3 benches/bench_gpu.py"
@@ -28,7 +15,7 @@ RATIOS = (("vs_quack", "vs quack"), ("vs_torch", "vs torch"), ("roofline", "of r
 def make_row(base: dict, timed: dict, bound_ms: float, flops: float, quack=None) -> dict:
     """One result row from ``round_robin``'s results (``quack``: its selection pass,
     ``{"config", "select"}``): ms, TFLOP/s, spread, ratios (also round by round), errors."""
-    fields = timed_fields(timed, IMPLS)
+    fields = rp.timed_fields(timed, IMPLS)
     ms = fields["ms"]
     ms["bound"] = bound_ms
 
@@ -47,7 +34,7 @@ def make_row(base: dict, timed: dict, bound_ms: float, flops: float, quack=None)
     row["paired"] = {f"vs_{k}": paired(g, row["samples_ms"].get(k)) for k in ("quack", "torch")}
     row["quack_config"] = (quack or {}).get("config")
     row["quack_select"] = (quack or {}).get("select")
-    row["errors"] = timed_errors(timed, IMPLS)
+    row["errors"] = rp.timed_errors(timed, IMPLS)
     return row
 
 
@@ -65,7 +52,7 @@ def class_summary(rows) -> list:
             for key, _ in RATIOS:
                 vals = [(r[key], r) for r in rs if r.get(key)]
                 if vals:
-                    stats[key] = min_stats(vals, label)
+                    stats[key] = rp.min_stats(vals, label)
             out.append({"class": c, "rows": len(rs), "stats": stats})
     return out
 
@@ -89,7 +76,7 @@ def format_row(row: dict) -> str:
     t = row["tflops"]
 
     def cell(k):
-        sp = spread_pct(row, k)
+        sp = rp.spread_pct(row, k)
         return f"{fmt(t.get(k), '.0f'):>5}" + (f" ±{sp / 2:3.1f}%" if sp is not None else " " * 7)
 
     q = f" ({row['quack_config']})" if row.get("quack_config") else ""
@@ -111,9 +98,8 @@ def describe_env(doc: dict) -> list:
     else:
         quack = f"quack not measured ({doc.get('quack_why') or 'not in this run'})"
     lines = [
-        f"device {doc.get('device')}; torch {doc.get('torch')}, "
-        f"CUDA {doc.get('cuda') or '(not recorded)'}; {quack}",
-        f"groupmm build_info: {build_info_text(doc) or 'not recorded'}",
+        rp.device_line(doc, f"; {quack}"),
+        f"groupmm build_info: {rp.build_info_text(doc) or 'not recorded'}",
     ]
     if c := doc.get("ceilings"):
         lines.append(
@@ -133,7 +119,7 @@ def describe_env(doc: dict) -> list:
 def render_md(doc: dict) -> str:
     """Environment, the summary per class, one line per row (TFLOP/s with the min-max
     over the rounds; ratios with their round-by-round range)."""
-    out = md_head(describe_env(doc), doc, commands(doc, SCRIPT) if doc.get("argv") else [])
+    out = rp.md_head(describe_env(doc), doc, rp.commands(doc, SCRIPT) if doc.get("argv") else [])
     rows = doc.get("rows", [])
     out += [
         "",
@@ -167,18 +153,17 @@ def render_md(doc: dict) -> str:
         cells += [r["routing"], r["pass"], *(rng(r, k) for k in ("groupmm", "torch", "quack"))]
         cells += [r.get("quack_config") or "-"]
         cells += [fmt(t.get(k), ".0f") for k in ("loop", "dense", "bound")]
-        cells += [ratio_range(r.get(k), p.get(k)) for k in ("vs_quack", "vs_torch")]
+        cells += [rp.ratio_range(r.get(k), p.get(k)) for k in ("vs_quack", "vs_torch")]
         out.append(md_row([*cells, fmt(r.get("roofline"))]))
     if host := doc.get("host_us"):
         out += ["", "host µs per small call: " + ", ".join(f"{k} {v:.1f}" for k, v in host.items())]
-    if doc.get("skipped"):
-        out += ["", "skipped: " + "; ".join(f"{s['shape']} ({s['why']})" for s in doc["skipped"])]
+    out += rp.skipped_lines(doc, "shape")
     return "\n".join(out) + "\n"
 
 
 def render_png(doc: dict, path: str) -> bool:
     """TFLOP/s per row (min-max whiskers) over the ratios per row."""
-    got = chart(doc)
+    got = rp.chart(doc)
     if got is None:
         return False
     plt, rows = got
@@ -202,7 +187,7 @@ def render_png(doc: dict, path: str) -> bool:
         return (v - work / sp["max"], work / sp["min"] - v)
 
     labels = {"bound": "roofline bound", "torch": "F.grouped_mm"}
-    bars(ax, rows, peers, lambda r, k: r["tflops"].get(k), whisker, labels)
+    rp.bars(ax, rows, peers, lambda r, k: r["tflops"].get(k), whisker, labels)
     ax.set_ylabel("TFLOP/s")
     ax.legend(fontsize=8)
     ax.set_title("\n".join(ln[:160] for ln in describe_env(doc)[:3]), fontsize=8)
@@ -221,7 +206,7 @@ def render_png(doc: dict, path: str) -> bool:
     ax2.set_xticks(xs)
     ticks = [f"{r['shape']} {r['routing'][:4]} {r['pass']} [{r['class'][0]}]" for r in rows]
     ax2.set_xticklabels(ticks, rotation=90, fontsize=6)
-    return save_png(plt, fig, path)
+    return rp.save_png(plt, fig, path)
 
 
 def print_table(doc):

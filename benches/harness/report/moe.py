@@ -2,23 +2,8 @@
 
 from __future__ import annotations
 
-from harness.report import (
-    bars,
-    build_info_text,
-    chart,
-    commands,
-    fmt,
-    md_head,
-    min_stats,
-    no_figure_lines,
-    save_png,
-    timed_errors,
-    timed_fields,
-    with_spread,
-)
-from harness.report import (
-    merge_docs as merge,
-)
+from harness import report as rp
+from harness.report import fmt
 from harness.timing import paired
 
 #: the columns, in the order of the tables; fused is the reference of every ratio
@@ -42,7 +27,7 @@ def make_row(base: dict, timed: dict, peaks=None, diffs=None, grad_diffs=None, e
     differences to fused's and why any implementation has no figure."""
     peaks, diffs, grad_diffs = peaks or {}, diffs or {}, grad_diffs or {}
     row = dict(base)
-    row.update(timed_fields(timed, IMPLS))
+    row.update(rp.timed_fields(timed, IMPLS))
     row["host_ms"] = {k: timed[k]["host_ms"] for k in row["spread_ms"]}
     row["peak_bytes"] = {k: peaks.get(k) for k in IMPLS}
     row["rel_diff"] = dict(diffs)
@@ -50,7 +35,7 @@ def make_row(base: dict, timed: dict, peaks=None, diffs=None, grad_diffs=None, e
     row.update(ratios(row))
     g = row["samples_ms"].get("fused")
     row["paired"] = {k: paired(g, row["samples_ms"].get(k)) for k in IMPLS if k != "fused"}
-    row["errors"] = timed_errors(timed, IMPLS, errors)
+    row["errors"] = rp.timed_errors(timed, IMPLS, errors)
     return row
 
 
@@ -74,7 +59,7 @@ def summarize(rows) -> dict:
     for k in ("sonicmoe", "torch-gmm", "plain", "groupmm"):
         vals = [(r["speed"][k], r) for r in rs if (r.get("speed") or {}).get(k)]
         if vals:
-            out["speed"][k] = {**min_stats(vals, label), "max": max(v for v, _ in vals)}
+            out["speed"][k] = {**rp.min_stats(vals, label), "max": max(v for v, _ in vals)}
         mvals = [(r["mem"][k], r) for r in rs if (r.get("mem") or {}).get(k)]
         if mvals:
             out["mem"][k] = {
@@ -102,15 +87,11 @@ def summary_lines(rows) -> list:
     return lines
 
 
-def _mib(v):
-    return "-" if v is None else f"{v / 2**20:.0f}"
-
-
 def format_row(row: dict) -> str:
     """One progress line: ms, fused's speed over each, peak MiB, SonicMoE's difference."""
 
     def cell(k):
-        return with_spread(row, k, row["ms"].get(k), ".3f", sep="")
+        return rp.with_spread(row, k, row["ms"].get(k), ".3f", sep="")
 
     sp = row.get("speed") or {}
     pk = row.get("peak_bytes") or {}
@@ -121,14 +102,14 @@ def format_row(row: dict) -> str:
         + " | fused speed / "
         + " ".join(f"{k} {fmt(sp.get(k))}" for k in IMPLS if k != "fused")
         + " | peak MiB "
-        + " ".join(f"{k} {_mib(pk.get(k))}" for k in IMPLS)
+        + " ".join(f"{k} {rp.mib(pk.get(k))}" for k in IMPLS)
         + (f" | sonic out diff {d:.1e}" if d is not None else "")
     )
 
 
 def describe_env(doc: dict) -> list:
     """Lines naming the device, versions and timer of a result document."""
-    gm_s = build_info_text(doc)
+    gm_s = rp.build_info_text(doc)
     ver = doc.get("versions") or {}
     stack = ", ".join(f"{k} {v or 'absent'}" for k, v in ver.items()) or "versions not recorded"
     if doc.get("sonicmoe"):
@@ -136,18 +117,15 @@ def describe_env(doc: dict) -> list:
     else:
         sonic = f"SonicMoE not measured: {doc.get('sonicmoe_why') or 'not in this run'} ({stack})"
     lines = [
-        f"device {doc.get('device')}; torch {doc.get('torch')}, "
-        f"CUDA {doc.get('cuda') or '(not recorded)'}; {doc.get('dtype')}",
+        rp.device_line(doc, f"; {doc.get('dtype')}"),
         sonic,
         f"groupmm build_info: {gm_s or 'not recorded'}",
     ]
     tm = doc.get("timer")
     if tm:
-        per = f"{tm['calls']} steps" if tm.get("calls") else f"~{tm['sample_ms']:g} ms"
         lines.append(
-            f"timer: round-robin over {tm['rounds']} rounds, {per} per sample, medians, "
-            "spread min-max; SonicMoE warmed up (JIT compile, autotune) with one step per "
-            "row before timing"
+            f"timer: {rp.timer_line(tm, 'steps')}, medians, spread min-max; SonicMoE warmed "
+            "up (JIT compile, autotune) with one step per row before timing"
         )
     return lines
 
@@ -176,12 +154,12 @@ def check_lines(rows) -> list:
 def render_md(doc: dict) -> str:
     """Environment, command, summary, one line per row (bold where fused is slower than
     SonicMoE or takes more memory), errors, checks."""
-    out = md_head(describe_env(doc), doc, commands(doc, SCRIPT))
+    out = rp.md_head(describe_env(doc), doc, rp.commands(doc, SCRIPT))
     rows = doc.get("rows", [])
     out += [""] + [ln + "  " for ln in summary_lines(rows)]
 
     def ms_cell(r, k):
-        return with_spread(r, k, r["ms"].get(k), ".2f")
+        return rp.with_spread(r, k, r["ms"].get(k), ".2f")
 
     def ratio_cell(r, k, target=None):
         v = (r.get("speed") or {}).get(k)
@@ -202,7 +180,7 @@ def render_md(doc: dict) -> str:
 
     def mem_cell(r):
         pk = r.get("peak_bytes") or {}
-        s = f"{_mib(pk.get('fused'))} / {_mib(pk.get('sonicmoe'))}"
+        s = f"{rp.mib(pk.get('fused'))} / {rp.mib(pk.get('sonicmoe'))}"
         m = (r.get("mem") or {}).get("sonicmoe")
         return f"**{s}**" if m is not None and m > PARITY and r["pass"] == "fwd+bwd" else s
 
@@ -228,45 +206,15 @@ def render_md(doc: dict) -> str:
             ratio_cell(r, "torch-gmm"),
             ratio_cell(r, "plain"),
             mem_cell(r),
-            " / ".join(_mib(pk.get(k)) for k in ("groupmm", "torch-gmm", "plain")),
+            " / ".join(rp.mib(pk.get(k)) for k in ("groupmm", "torch-gmm", "plain")),
         ]
         out.append("| " + " | ".join(cells) + " |")
-    out += no_figure_lines(rows, label, LABELS.__getitem__)
+    out += rp.no_figure_lines(rows, label, LABELS.__getitem__)
     checks = check_lines(rows)
     if checks:
         out += [""] + [ln + "  " for ln in checks]
-    if doc.get("skipped"):
-        out += ["", "skipped: " + "; ".join(f"{s['row']} ({s['why']})" for s in doc["skipped"])]
+    out += rp.skipped_lines(doc)
     return "\n".join(out) + "\n"
-
-
-def render_png(doc: dict, path: str) -> bool:
-    """ms per row and implementation (min-max whiskers) over peak MiB."""
-    got = chart(doc)
-    if got is None:
-        return False
-    plt, rows = got
-    impls = [k for k in IMPLS if any(r["ms"].get(k) for r in rows)]
-    if not impls:
-        return False
-    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(max(8, 1.3 * len(rows)), 8), sharex=True)
-
-    def whisker(r, k):
-        sp, v = (r.get("spread_ms") or {}).get(k), r["ms"].get(k)
-        return (v - sp["min"], sp["max"] - v) if sp and v else None
-
-    bars(ax, rows, impls, lambda r, k: r["ms"].get(k), whisker, LABELS)
-    peak = lambda r, k: ((r.get("peak_bytes") or {}).get(k) or 0) / 2**20  # noqa: E731
-    bars(ax2, rows, impls, peak, lambda r, k: None, LABELS)
-    ax.set_ylabel("ms per step (median, min-max)")
-    ax2.set_ylabel("peak MiB above inputs")
-    ax.legend(fontsize=8)
-    title = describe_env(doc)[:2] + commands(doc, SCRIPT)
-    ax.set_title("\n".join(ln[:150] for ln in title), fontsize=8)
-    ax2.set_xticks(list(range(len(rows))))
-    ticks = [f"{r['config']}\nT={r['T']} {r['routing']}\n{r['pass']}" for r in rows]
-    ax2.set_xticklabels(ticks, fontsize=7)
-    return save_png(plt, fig, path)
 
 
 #: what must agree between runs merged into one table
@@ -274,14 +222,9 @@ ENV_KEYS = ("device", "torch", "cuda", "dtype", "groupmm", "sonicmoe", "versions
 
 
 def merge_docs(docs: list) -> dict:
-    return merge(docs, label, ENV_KEYS, summarize)
+    return rp.merge_docs(docs, label, ENV_KEYS, summarize)
 
 
 def print_table(doc) -> None:
-    print()
-    for ln in describe_env(doc):
-        print(ln)
-    for r in doc.get("rows", []):
-        print(format_row(r))
-    for ln in summary_lines(doc.get("rows", [])):
-        print(ln)
+    rows = doc.get("rows", [])
+    rp.print_doc(describe_env(doc), [*map(format_row, rows), *summary_lines(rows)])

@@ -2,21 +2,8 @@
 
 from __future__ import annotations
 
-from harness.report import (
-    build_info_text,
-    commands,
-    fmt,
-    gmean,
-    md_head,
-    min_stats,
-    no_figure_lines,
-    timed_errors,
-    timed_fields,
-    with_spread,
-)
-from harness.report import (
-    merge_docs as merge,
-)
+from harness import report as rp
+from harness.report import fmt
 from harness.timing import paired
 
 OPS = ("combine", "sum", "gather", "scatter")
@@ -34,7 +21,7 @@ def make_row(base: dict, timed: dict, chk=None, errors=None) -> dict:
     result; any may be missing or failed), ``chk`` (:func:`check`'s result, None when not
     checked), ``errors`` (implementation -> why it has no figure)."""
     row = dict(base)
-    row.update(timed_fields(timed, IMPLS))
+    row.update(rp.timed_fields(timed, IMPLS))
     ms = row["ms"]
     row["host_ms"] = {k: timed[k]["host_ms"] for k in row["spread_ms"]}
     row["gbps"] = {k: (row["bytes"] / (ms[k] * 1e-3) / 1e9 if ms[k] else None) for k in IMPLS}
@@ -50,7 +37,7 @@ def make_row(base: dict, timed: dict, chk=None, errors=None) -> dict:
     row["ok"] = chk.get("ok")
     row["check_err"] = chk.get("err")
     row["check_how"] = chk.get("how")
-    row["errors"] = timed_errors(timed, IMPLS, errors)
+    row["errors"] = rp.timed_errors(timed, IMPLS, errors)
     return row
 
 
@@ -73,10 +60,10 @@ def summarize(rows) -> dict:
             continue
         sp = [r["speed_torch"] for r in rows if r["op"] == op and r.get("speed_torch")]
         out["ops"][op] = {
-            **min_stats(vals, label),
+            **rp.min_stats(vals, label),
             "max": max(v for v, _ in vals),
             "below": [label(r) for v, r in vals if v < FLAG],
-            "speed_torch_geomean": gmean(sp),
+            "speed_torch_geomean": rp.gmean(sp),
         }
     return out
 
@@ -117,7 +104,7 @@ def format_row(row: dict, doc=None) -> str:
     check."""
 
     def cell(k):
-        return with_spread(row, k, row["gbps"].get(k), ".0f", sep="")
+        return rp.with_spread(row, k, row["gbps"].get(k), ".0f", sep="")
 
     f = row.get("frac_copy")
     ok = {True: "ok", False: "MISMATCH", None: "not checked"}[row.get("ok")]
@@ -133,7 +120,7 @@ def format_row(row: dict, doc=None) -> str:
 
 def describe_env(doc: dict) -> list:
     """Lines naming the device, versions and timer of a result document."""
-    gm_s = build_info_text(doc)
+    gm_s = rp.build_info_text(doc)
     cap = doc.get("capability")
     l2 = doc.get("l2_bytes")
     dev = f"device {doc.get('device')}"
@@ -146,11 +133,10 @@ def describe_env(doc: dict) -> list:
     ]
     tm = doc.get("timer")
     if tm:
-        per = f"{tm['calls']} calls" if tm.get("calls") else f"~{tm['sample_ms']:g} ms"
         lines.append(
-            f"timer: groupmm, torch and the copy (dst.copy_(src), bytes/2 uint8 each way) "
-            f"round-robin over {tm['rounds']} rounds per row, {per} per sample, medians, "
-            "spread min-max"
+            "timer: groupmm, torch and the copy (dst.copy_(src), bytes/2 uint8 each way) "
+            + rp.timer_line(tm, "calls", " per row")
+            + ", medians, spread min-max"
         )
     if doc.get("started"):
         lines.append(f"started {doc['started']}")
@@ -176,7 +162,7 @@ def table_lines(doc: dict) -> list:
     groupmm / copy in bold below FLAG; bytes marked † where they fit in L2)."""
 
     def gb(r, k):
-        return with_spread(r, k, (r.get("gbps") or {}).get(k), ".0f")
+        return rp.with_spread(r, k, (r.get("gbps") or {}).get(k), ".0f")
 
     def ratio(r, name):
         v = r.get(name)
@@ -211,7 +197,7 @@ def table_lines(doc: dict) -> list:
 def render_md(doc: dict) -> str:
     """The result document as markdown: environment, command, summary, the table, then
     mismatches, implementations without a figure, skipped rows."""
-    out = md_head(describe_env(doc), doc, commands(doc, SCRIPT))
+    out = rp.md_head(describe_env(doc), doc, rp.commands(doc, SCRIPT))
     rows = doc.get("rows", [])
     out += [""] + [ln + "  " for ln in summary_lines(rows)]
     out += [""] + table_lines(doc)
@@ -227,9 +213,8 @@ def render_md(doc: dict) -> str:
             f"- {label(r)}: {r.get('check_how')}, error {fmt(r.get('check_err'), '.2e')}"
             for r in bad
         ]
-    out += no_figure_lines(ordered(rows), label)
-    if doc.get("skipped"):
-        out += ["", "skipped: " + "; ".join(f"{s['row']} ({s['why']})" for s in doc["skipped"])]
+    out += rp.no_figure_lines(ordered(rows), label)
+    out += rp.skipped_lines(doc)
     return "\n".join(out) + "\n"
 
 
@@ -239,16 +224,9 @@ ENV_KEYS = ("device", "torch", "cuda", "groupmm", "timer")
 
 def merge_docs(docs: list) -> dict:
     """Several documents as one; a row measured twice taken from the later file."""
-    return merge(docs, label, ENV_KEYS, summarize, lambda r: label(r).split(" ", 1)[1])
+    return rp.merge_docs(docs, label, ENV_KEYS, summarize, lambda r: label(r).split(" ", 1)[1])
 
 
 def print_table(doc) -> None:
-    print()
-    for ln in describe_env(doc):
-        print(ln)
-    print()
-    for ln in table_lines(doc):
-        print(ln)
-    print()
-    for ln in summary_lines(doc.get("rows", [])):
-        print(ln)
+    lines = ["", *table_lines(doc), "", *summary_lines(doc.get("rows", []))]
+    rp.print_doc(describe_env(doc), lines)

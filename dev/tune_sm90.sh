@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # One device call that checks and times every sm90 tile configuration of a wheel:
-#   bash benches/tune_sm90.sh [configs] [shapes]
+#   bash dev/tune_sm90.sh [configs] [shapes]
+# The wheel must be a development build (GROUPMM_DEV_KNOBS=1, docs/cuda.md): a product
+# build ignores GROUPMM_SM90_CONFIG and every configuration would time the rule's choice.
 # Installs wheelhouse/*.whl into /tmp/site, runs the CUDA tests once per forced
 # configuration (GROUPMM_SM90_CONFIG), then benches/bench_gpu.py per configuration.
 # Writes $OUT/tune.tgz (all logs and JSON) and $OUT/summary.txt.
 set -u
+cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
 CFGS=${1:-"128x256 128x128 ping64x128 auto"}
 SHAPES=${2:-mixtral-up,mixtral-down,dsv3-up,dsv3-down,qwen3-up,qwen3-down,small64}

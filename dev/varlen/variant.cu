@@ -1,6 +1,6 @@
 // One configuration of the varlen kernels for the tuning program (main.cu): compiled once
 // per variant with -DVARIANT=<i>, so that the variants build in parallel. Development tool
-// (benches/dev/varlen/run.sh builds and runs it on a GPU machine); not part of the library.
+// (dev/varlen/run.sh builds and runs it on a GPU machine); not part of the library.
 #include "kernels/varlen/launch.cuh"
 
 namespace gmm::varlen {

@@ -2,14 +2,14 @@
 # Builds rows_dev (rows_dev.cu) with one build of the row kernels per variant and runs it.
 # Not part of the library: a tuning program for cuda/device/rows.cu.
 #
-#   benches/dev/rows/run.sh [OLD_ROWS_CU] [--quick]
+#   dev/rows/run.sh [OLD_ROWS_CU] [--quick]
 #     OLD_ROWS_CU: an earlier rows.cu to compare with (e.g. `git show REV:cuda/device/rows.cu
 #     > old.cu`), run as the first variant, the reference of the check; "-" for none.
 #   VARIANTS="L4=-DGMM_ROWS_LOADS=4 L8=-DGMM_ROWS_LOADS=8" (default): builds of today's rows.cu,
 #   NAME=FLAG[,FLAG...] each (the GMM_ROWS_* knobs of the gathering kernels, rows_routed.cuh).
 #   NVCC_ARCH (default -gencode=arch=compute_90a,code=sm_90a), OUTDIR (default devbin/rows_dev)
 set -euo pipefail
-cd "$(dirname "$0")/../../.."
+cd "$(dirname "$0")/../.."
 OLD=${1:--}
 shift || true
 OUTDIR=${OUTDIR:-devbin/rows_dev}
@@ -23,7 +23,7 @@ build() {  # name, rows.cu, extra flags...
   nvcc "${FLAGS[@]}" -Dgmm="gmm_$name" -DROWS_ENTRY="rows_$name" "$@" -c "$src" \
     -o "$OUTDIR/rows_$name.o" -Xptxas -v 2>"$OUTDIR/ptxas_$name.txt" &
   nvcc "${FLAGS[@]}" -Dgmm="gmm_$name" -DROWS_ENTRY="rows_$name" "$@" -c \
-    benches/dev/rows/wrap.cu -o "$OUTDIR/wrap_$name.o" &
+    dev/rows/wrap.cu -o "$OUTDIR/wrap_$name.o" &
   objs+=("$OUTDIR/rows_$name.o" "$OUTDIR/wrap_$name.o")
   decls+="DECL(rows_$name) "
   list+="rows_$name,"
@@ -37,6 +37,6 @@ done
 wait
 printf '#define VARIANT_DECLS %s\n#define VARIANT_LIST %s\n#define VARIANT_NAMES %s\n' \
   "$decls" "$list" "$names" >"$OUTDIR/variants.h"
-nvcc "${FLAGS[@]}" -include "$OUTDIR/variants.h" benches/dev/rows/rows_dev.cu "${objs[@]}" \
+nvcc "${FLAGS[@]}" -include "$OUTDIR/variants.h" dev/rows/rows_dev.cu "${objs[@]}" \
   -o "$OUTDIR/rows_dev"
 "$OUTDIR/rows_dev" "$@"
