@@ -112,7 +112,7 @@ Kernels resolve(const Engines& en, DType in, DType out, Sm90Tile tile) {
 // Mixtral (4096 rows per expert) and DeepSeek-V3 (2048) shapes, uniform and Zipf-1.2,
 // fwd/dX/dW): varlen geomean 1.05x F.grouped_mm, min 0.98; ptr-array geomean 1.00x, min 0.99.
 // No crossover up to 4096 rows per group: the threshold is gone.
-// The configuration (H200, benches/dev/varlen: 8 MoE shapes x uniform/Zipf-1.2 x
+// The configuration (H200, dev/varlen: 8 MoE shapes x uniform/Zipf-1.2 x
 // fwd/dX/dW, every configuration timed interleaved in one process):
 // - Ping-pong 128x192 is the best or within 2% of it on 40 of 48 rows: +1-8% over the
 //   cooperative 128x128 (varlen-M) / 128x192 (varlen-K) kernels that ran before.

@@ -58,8 +58,8 @@ torchtitan's own dispatcher and combine stay):
   tensor subclass (e.g. float8 wrappers) and spmd_types type checking take the parent's
   forward on the seam.
 
-Inside torchtitan's own dispatcher the experts alone gain little (``benches/bench_ep.py``,
-impls ``tt_seam`` and ``tt_groupmm``; ``docs/expert_parallel.md``), hence :func:`enable_moe`.
+Inside torchtitan's own dispatcher the experts alone gain little (its per-copy exchange,
+permutes and scatter-add stay; ``docs/expert_parallel.md``), hence :func:`enable_moe`.
 
 Turning the experts path on: :func:`enable` on a built model, before or after
 torchtitan's ``Module.parallelize`` (whose wrapper of the experts' forward it drops:
