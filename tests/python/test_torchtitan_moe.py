@@ -23,7 +23,7 @@ import functools
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import HAS_CUDA
+from conftest import HAS_CUDA, load_bench
 from groupmm.integrations import torchtitan as tt
 from test_integration_torchtitan import StandInGroupedExperts, loop_grouped_mm
 
@@ -403,44 +403,15 @@ def test_real_moe_compile_fullgraph_equals_eager():
 
 def _qwen3_config(layers=2, dim=64, hidden=32, experts=8, top_k=2, attention="sdpa"):
     """A small Qwen3-MoE config from torchtitan's own builder of its MoE flavours
-    (``debugmodel_moe``'s recipe, smaller); ``attention="sdpa"`` swaps its flex attention
-    (no backward on the CPU) for torchtitan's ``ScaledDotProductAttention`` (causal)."""
-    import torch.distributed.fsdp as fsdp
-
-    if not hasattr(fsdp, "DataParallelMeshDims"):  # torchtitan 0.3.0 on torch < 2.12
-        fsdp.DataParallelMeshDims = type("DataParallelMeshDims", (), {})
+    (``debugmodel_moe``'s recipe, smaller; the recipe is bench_torchtitan's,
+    ``peers.torchtitan.model_config``); ``attention="sdpa"`` swaps its flex attention (no
+    backward on the CPU) for torchtitan's ``ScaledDotProductAttention`` (causal)."""
+    peers = load_bench("peers.torchtitan")
+    peers.torch_compat()  # torchtitan 0.3.0 on torch < 2.12
     pytest.importorskip("torchtitan.models.qwen3", reason="torchtitan does not import here")
-    from torchtitan.models import qwen3
-    from torchtitan.models.common import CosSinRoPE, Embedding, Linear
-    from torchtitan.models.common.attention import ScaledDotProductAttention
-
-    head_dim, vocab = 16, 256
-    cfg = qwen3.Qwen3Model.Config(
-        vocab_size=vocab,
-        dim=dim,
-        norm=qwen3._qwen3_norm(dim),
-        tok_embeddings=Embedding.Config(
-            num_embeddings=vocab, embedding_dim=dim, param_init=qwen3._EMBEDDING_INIT
-        ),
-        lm_head=Linear.Config(in_features=dim, out_features=vocab, param_init=qwen3._LINEAR_INIT),
-        layers=qwen3._build_qwen3_moe_layers(
-            n_layers=layers,
-            dim=dim,
-            n_heads=4,
-            n_kv_heads=2,
-            head_dim=head_dim,
-            moe_hidden_dim=hidden,
-            num_experts=experts,
-            top_k=top_k,
-            attn_backend="flex",
-            moe_comm_backend="standard",
-            rope=CosSinRoPE.Config(dim=head_dim, max_seq_len=256, theta=1e6),
-        ),
-    )
-    if attention == "sdpa":
-        for layer in cfg.layers:
-            layer.attention.inner_attention = ScaledDotProductAttention.Config()
-    return cfg
+    heads, kv_heads, head_dim, vocab, seq_len = 4, 2, 16, 256, 256
+    spec = (dim, hidden, experts, top_k, heads, kv_heads, head_dim)
+    return peers.model_config(spec, layers, vocab, seq_len, attention)
 
 
 def _build(cfg, seed=0, router_std=0.3):
