@@ -20,60 +20,8 @@ the EP group of the experts' DTensor weights at EP > 1. Measurements against tor
 own layer (``benches/bench_ep.py``, ``benches/bench_torchtitan.py``): ``docs/performance.md``
 and ``docs/expert_parallel.md``.
 
-*Expert parallelism.* Under torchtitan's ``MoE.parallelize`` with EP the experts'
-``w1_EFD``/``w2_EDF``/``w3_EFD`` are DTensors sharded along dim 0 over the EP mesh dim;
-the converted layer takes that dim's process group from ``w1_EFD.device_mesh`` and runs
-:func:`groupmm.parallel.expert_parallel_block` on the local shards and the rank's own
-tokens (each token sent once to each rank holding any of its experts, not once per
-expert copy as torchtitan's ``AllToAllTokenDispatcher`` does; one host sync per layer
-call for the split sizes). The dispatcher-fed alternative (torchtitan's dispatcher, then
-:func:`groupmm.parallel.expert_compute` on its received rows) was not chosen: it keeps
-torchtitan's per-copy exchange, permutes and scatter-add. Under torchtitan's
-``apply_compile`` (``fullgraph=True`` per block, ``capture_scalar_outputs``) the EP layer
-compiles whole too: the split sizes become data-dependent sizes of the graph (without
-``capture_scalar_outputs``, a graph break where they are read). Known limit: with torch
-2.11 on NCCL the trace of the exchange's backward fails on a data-dependent guard
-(``_functional_collectives.all_to_all_inplace``'s copy); torch 2.13 on gloo traces it.
-
-**The experts modules only** (``fused`` of :func:`enable` / :func:`groupmm_experts_class`;
-torchtitan's own dispatcher and combine stay):
-
-- **The seam** (``fused=None``, the default, or False; the only path for classes that are
-  not plain SwiGLU, e.g. ``GptOssGroupedExperts`` with its biases and clamped
-  activation): torchtitan runs every expert product through ``_grouped_mm(self, *, A,
-  B_t, offs)``; it becomes ``groupmm.grouped_mm`` (rows past ``offs[-1]`` zero; the
-  weight gradient in ``B_t``'s own layout, no transposed copy:
-  :func:`groupmm.integrations._expert_mm`).
-- **The fused block** (``fused=True``, for torchtitan's SwiGLU ``GroupedExperts`` or any
-  class with its ``w1_EFD`` gate, ``w3_EFD`` up and ``w2_EDF`` down weights, no bias):
-  the forward is replaced by :func:`grouped_experts_forward`, i.e.
-  :func:`groupmm.parallel.expert_compute` on the expert-major rows with ``w1``/``w3``
-  read in place as the pair ``(gate, up)`` (transposed views: no ``[w1 | w3]`` copy;
-  each gets its own gradient in its parameter's layout). Same semantics as torchtitan's
-  forward: DTensor weights (expert parallelism, FSDP) are used through ``to_local()``,
-  rows and weights are cast to ``groupmm_dtype`` (class attribute, ``torch.bfloat16`` as
-  torchtitan; None: ``x``'s dtype) and the output back with ``.type_as(x)``; the
-  parameters stay ``w1/w2/w3`` (checkpoints unchanged). Rows past ``sum(counts)``
-  (padding some dispatchers leave) give zero output and zero gradient. Weights of another
-  tensor subclass (e.g. float8 wrappers) and spmd_types type checking take the parent's
-  forward on the seam.
-
-Inside torchtitan's own dispatcher the experts alone gain little (its per-copy exchange,
-permutes and scatter-add stay; ``docs/expert_parallel.md``), hence :func:`enable_moe`.
-
-Turning the experts path on: :func:`enable` on a built model, before or after
-torchtitan's ``Module.parallelize`` (whose wrapper of the experts' forward it drops:
-weights only, nothing to redistribute), or :func:`groupmm_experts_class`'s ``Config`` in
-the model config. :func:`enable_moe` runs before ``parallelize`` (whose wrapper of the
-routed experts redistributes, so it refuses a wrapped layer); :func:`convert_moe_config`
-converts the config, as torchtitan's own model converters do.
-
-torchtitan is not a dependency: nothing here imports it but :func:`convert_moe_config`.
-The tests (``tests/python/test_integration_torchtitan.py``,
-``tests/python/test_torchtitan_moe.py``) run against stand-ins with the same contract,
-and, when torchtitan imports, against the real classes, a small Qwen3-MoE model compiled
-by torchtitan's ``apply_compile``, and torchtitan's own expert parallelism
-(``MoE.parallelize``, ``AllToAllTokenDispatcher``) on 2 gloo processes.
+Expert parallelism, the experts-only path (``enable``), when to turn each on, and how it is
+tested: ``docs/integrations.md``.
 """
 
 from __future__ import annotations
@@ -201,7 +149,7 @@ def enable(model: torch.nn.Module, fused: Optional[bool] = None) -> int:
     :func:`groupmm_experts_class`. Returns how many modules use groupmm afterwards.
 
     ``fused``: None (default): the seam for modules not on groupmm yet (the faster
-    inside torchtitan: module docstring), the path they have for the others; True: the
+    inside torchtitan: docs/integrations.md), the path they have for the others; True: the
     fused block for all (``TypeError`` when one lacks the ``w1_EFD``/``w2_EDF``/``w3_EFD``
     weights); False: the seam for all. Nothing changes when it raises.
 

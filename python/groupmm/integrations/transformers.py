@@ -17,76 +17,9 @@ sets the model configs' ``_experts_implementation`` instead, which is what
 ``set_experts_implementation`` does once the check passes (``from_pretrained(...,
 experts_implementation="groupmm")`` raises on those releases: load, then ``enable``).
 
-The registered function, :func:`groupmm_experts_forward`, receives the experts module,
-``hidden_states [T, H]``, ``top_k_index [T, k]`` and ``top_k_weights [T, k]`` (tokens
-in their own order) and returns ``[T, H]``. It reads the module's layout flags, with
-defaults because they differ across 5.x releases: ``has_gate`` (``gate_up_proj`` or
-``up_proj``), ``is_transposed`` (weights ``[E, in, out]`` rather than ``[E, out, in]``;
-inferred from the shapes when absent), ``has_bias``, ``has_post_expert_norm``; the gate
-is the module's own ``_apply_gate`` (gpt-oss's clamped SwiGLU on interleaved gate/up
-columns, or the default ``act_fn(gate) * up``), else ``is_concatenated`` says how gate
-and up are laid out; ``act_fn`` for experts without a gate.
-
-How one call runs (``S = T*k`` routed copies, ``E = module.num_experts``), and why.
-Routing, dispatch, combine and the default gate are groupmm's MoE glue
-(``groupmm._glue``), the same code as :class:`groupmm.moe.MoELayer`'s:
-
-1. **Route** (``_glue.routes(..., placeholders=True, index_dtype=torch.int32)``), integer
-   work on ``S`` elements only: the sort key of each copy is its expert id, or ``E`` for
-   an expert-parallel placeholder (an id ``>= E`` or ``< 0``; transformers' expert
-   parallelism marks off-rank copies with ids ``>= E``), so one stable sort of int32
-   keys puts the copies in expert order with placeholders last. ``offs`` (int32 group
-   ends) come from ``searchsorted`` on the sorted keys, the source token of each sorted
-   row (``src``) is ``order // k``, the inverse permutation is one scatter; both int32,
-   the form the kernels read. All on the device: no ``.item()``, ``.tolist()``,
-   ``nonzero`` or data-dependent shape, hence no host synchronisation and a
-   ``torch.compile(fullgraph=True)`` trace.
-2. **Dispatch** (``_glue.dispatch``): one row gather ``x[src]`` (the only ``[S, H]``
-   copy of the input). Its backward sums each token's ``k`` gradient rows in one pass
-   (float32 accumulation for 16-bit types), not autograd's default
-   ``index_put(accumulate=True)``, which sorts and is the slowest glue kernel of a
-   training step on GPU.
-3. **Up projection**: one ``groupmm.grouped_mm`` over all experts. The weight gradient
-   is computed directly in the parameter's own layout (``[E, out, in]`` as
-   ``grad_outᵀ · x`` per group), so no ``[E, 2I, H]`` gradient is transposed and copied
-   when it is accumulated.
-4. **Gate**: per-row biases (gpt-oss) are added from the expert of each sorted row,
-   and their gradient is one grouped product with a ones row (a per-expert column sum,
-   no atomics); then the module's own gate (``_glue.swiglu`` with the module's
-   activation and gate/up layout, unless the module has its own ``_apply_gate``) or
-   activation.
-5. **Down projection**: as 3, then its bias and the optional post-expert norm.
-6. **Combine** (``_glue.Combine``): the routing weights of placeholders are masked to
-   zero, so they contribute nothing and give the router no gradient. One pass (the row
-   op ``gather_sum``) reads each token's ``k`` rows, applies the routing weights and
-   sums in float32: no ``[S, H]`` copy, no ``[S, H]`` reduction buffer. Its backward is
-   two one-pass row ops: the expert outputs' gradient written row by row, each row its
-   token's output gradient times its weight, and the routing weights' gradient as
-   row-wise dot products with the expert outputs.
-
-So a forward makes one ``[S, H]`` copy (the dispatch) around the two grouped products
-(transformers' ``"grouped_mm"`` path makes three and a reduction), and the backward has
-no ``index_put`` and no weight-gradient layout copy. Everything is differentiable twice
-(the backward formulas switch to differentiable torch ops while a graph is recorded
-through them) and works in float64, where ``torch.autograd.gradcheck`` passes through a
-whole experts block.
-
-:func:`_routed_experts` runs steps 2-6, except for plain SwiGLU experts (a gate, no
-biases, gate and up concatenated, SiLU, transformers' default gate, no post norm:
-Mixtral, Qwen2/3-MoE, OLMoE, DeepSeek-V3 and most others; not gpt-oss, whose gate is
-clamped and interleaved and which has biases): those run steps 2-6 as one op,
-:func:`groupmm.fused.expert_block` (the rows of ``x`` read through the routing index by
-the up projection, SwiGLU in its epilogue on Hopper, the "dgated" backward; no ``[S, H]``
-copy of the input, and only the ``[S, 2I]`` pre-activation kept for the backward).
-
-Host cost: the module's layout is read on every call, but what is derived from it (the
-fused decision, the gate, the shape checks) is kept on the module, keyed on everything it
-came from (``_transformers_compat._layout``); the fused path calls the block's ops
-(``groupmm.fused._block``) with :func:`~groupmm.fused.expert_block`'s checks done where
-their answers are known, errors named after the module's parameters.
-
-Measured speed against transformers' own ``"grouped_mm"`` path, and host time against GPU
-time (``benches/bench_transformers.py``, ``--profile-host``): ``docs/performance.md``.
+What the registered function reads from an experts module, how one call runs (route, dispatch,
+projections, gate, combine) and why: ``docs/integrations.md``. Speed against transformers'
+own paths: ``docs/performance.md``.
 """
 
 from __future__ import annotations
@@ -295,8 +228,8 @@ def _linear(x: Tensor, w: Tensor, offs: Tensor, transposed: bool) -> Tensor:
 def _routed_experts(
     module, layout: _Layout, hidden_states: Tensor, route: Routes, weights: Tensor
 ) -> Tensor:
-    """Steps 2-6 of the module docstring: dispatch, both projections with biases and the
-    gate, optional post-expert norm, weighted combine. Returns ``[T, H]``.
+    """Steps 2-6 of ``docs/integrations.md`` (transformers): dispatch, both projections with
+    biases and the gate, optional post-expert norm, weighted combine. Returns ``[T, H]``.
 
     The fused path: a plain SwiGLU block (``layout.fused``: a gate, no biases, gate and
     up concatenated with the gate first, SiLU, transformers' default gate, no post
@@ -346,7 +279,7 @@ def groupmm_experts_forward(
 
     Args:
         self: the experts module (``gate_up_proj``/``up_proj``, ``down_proj``, optional
-            biases, flags; see the module docstring).
+            biases, flags; see docs/integrations.md).
         hidden_states: ``[T, H]`` tokens.
         top_k_index: ``[T, k]`` expert of each routed copy; ids ``>= num_experts`` or
             negative are expert-parallel placeholders and contribute nothing.
