@@ -13,8 +13,8 @@ locked=()
 echo "== cargo clippy"; cargo clippy "${locked[@]}" --all-targets -- -D warnings
 cargo clippy "${locked[@]}" --all-targets --features python -- -D warnings
 echo "== cargo test"; cargo test "${locked[@]}"
-echo "== ruff"; "$PY" -m ruff check python tests benches scripts examples
-"$PY" -m ruff format --check python tests benches scripts examples
+echo "== ruff"; "$PY" -m ruff check python tests benches scripts examples dev
+"$PY" -m ruff format --check python tests benches scripts examples dev
 echo "== mypy (python/groupmm; settings: pyproject.toml)"; "$PY" -m mypy python/groupmm
 echo "== stubtest (python/groupmm/_native.pyi against the built extension)"
 "$PY" -m mypy.stubtest --mypy-config-file tests/stubtest/mypy.ini groupmm._native
