@@ -260,7 +260,7 @@ def run_shape(name, spec, T, routings, passes, dtype, args, ceil, torch_gmm, Q, 
 def host_cost(torch_gmm, n=2000):
     """Host µs per call of a small packed forward and forward+backward."""
     import groupmm
-    from host_cost import per_call_us
+    from harness.timing import per_call_us
 
     E, K, N, T = 8, 128, 128, 256
     x = torch.randn(T, K, device="cuda", dtype=torch.bfloat16)

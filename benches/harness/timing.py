@@ -6,8 +6,8 @@ rotating each round; a sample is CUDA events around ``calls`` back-to-back calls
 so that a sample lasts about ``sample_ms``), after the same GPU spin (``lead``), long
 enough for the host to enqueue the sample. Per implementation: the median ms per call,
 its spread over the rounds and the per-round samples (``paired`` takes ratios round by
-round). ``median_ms(fn, reps)``: the median of one callable. ``Clock``: stamps on the
-GPU's timeline or the host's.
+round). ``median_ms(fn, reps)``: the median of one callable; ``per_call_us``: host µs per
+call. ``Clock``: stamps on the GPU's timeline or the host's.
 """
 
 from __future__ import annotations
@@ -215,6 +215,22 @@ def median_ms(fn, reps: int, warmup: int = 5, *, cuda: bool = True, isolated: bo
             e.synchronize()
     torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) for s, e in ev)
+
+
+def per_call_us(fn, calls: int, repeats: int = 1, sync=torch.cuda.synchronize) -> float:
+    """Median host µs per call of ``fn`` over ``repeats`` runs of ``calls`` calls issued
+    without a sync (the GPU work is tiny: the host is the bottleneck)."""
+    for _ in range(min(200, calls)):
+        fn()
+    runs = []
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter_ns()
+        for _ in range(calls):
+            fn()
+        sync()
+        runs.append((time.perf_counter_ns() - t0) / calls / 1e3)
+    return statistics.median(runs)
 
 
 class Clock:
