@@ -56,14 +56,14 @@ def test_config_table_and_selection():
         (2880, 2880, 32, 4),
     ]
     assert configs.GROUPS["layer"] == ("qwen3-30b-a3b", "olmoe", "qwen3-235b-a22b", "gpt-oss-20b")
-    # today's configs keep their names and sizes (README's table, profile_moe.py's default)
+    # today's configs keep their names and sizes (README's table, dev/profile_moe.py's default)
     assert {n: c[n] for n in configs.GROUPS["legacy"]} == {
         "qwen3": (2048, 768, 128, 8),
         "olmoe": (2048, 1024, 64, 8),
         "dsv3-local": (7168, 2048, 32, 8),
         "mixtral": (4096, 14336, 8, 2),
     }
-    for name, v in c.items():  # profile_moe.py unpacks four ints
+    for name, v in c.items():  # dev/profile_moe.py unpacks four ints
         d, f, E, k = v
         assert all(isinstance(t, int) and t > 0 for t in v) and k <= E, name
         assert name in configs.MODELS
