@@ -61,20 +61,6 @@ def lead_for(host_ms: float, gpu_ms: float, calls: int, margin: float = 1.25) ->
     return margin * need + 0.02
 
 
-def estimate_ms(ms: dict, host: dict, args, extra_calls: int = 4) -> float:
-    """--dry-run's GPU ms of one row of ``round_robin`` (implementation -> modelled ms per
-    call and host ms per call): warm-up, the estimate calls and every sample with its spin."""
-    calls = {
-        k: args.calls or calls_for(v, args.sample_ms, args.min_calls, args.max_calls)
-        for k, v in ms.items()
-    }
-    lead = min(50.0, max(lead_for(host[k], v, calls[k]) for k, v in ms.items()))
-    return sum(
-        (args.warmup + extra_calls) * max(v, host[k]) + args.rounds * (calls[k] * v + lead)
-        for k, v in ms.items()
-    )
-
-
 _CYCLES_PER_MS = None
 
 

@@ -355,18 +355,16 @@ def test_render_md_names_the_environment_and_every_row(tmp_path):
     assert gpu_report.render_md(json.loads(p.read_text())) == md
 
 
-def test_estimate_and_dry_run_fit_the_budget(capsys):
+def test_defaults_and_dry_run(capsys):
     args = bench.parse_args([])
     assert args.rounds == 7 and args.select_rounds == 3 and args.passes == "fwd,dX,dW"
     plan = bench.plan_rows(
         shapes.select_shapes(args.shapes), ["fwd", "dX", "dW"], ["uniform", "zipf12"], False
     )
     assert len(plan) == len(shapes.SPECS) * 6
-    est = bench.estimate_s(plan, args, quack=True)
-    assert est["rows"] == len(plan) and est["total_s"] < 360
     assert bench.main(["--dry-run", "--quick", "--shapes", "decode"]) == 0
     out = capsys.readouterr().out
-    assert "olmoe-up-dec" in out and "estimated wall" in out
+    assert "olmoe-up-dec" in out and out.rstrip().endswith(" rows over 6 shapes")
     q = bench.parse_args(["--quick", "--calls", "20"])
     assert q.rounds == 3 and q.calls == 20 and q.max_calls == 20
 
