@@ -41,9 +41,9 @@ import groupmm.parallel as gpar
 import torch
 import torch.distributed as dist
 from ep_run import agree, run_row
-from harness.cli import comma_list, init_ranks, leave, line_buffered_stdout, parser
-from harness.configs import CONFIGS, MODELS, ZIPF_S
+from harness.cli import init_ranks, leave, line_buffered_stdout, parser
 from harness.configs import EP_ROUTINGS as ROUTINGS
+from harness.configs import MODELS, ZIPF_S, ep_configs
 from harness.report import error_text, from_json, started, write_outputs
 from harness.report.ep import (
     IMPLS,
@@ -58,7 +58,6 @@ from peers.torchtitan import load_torchtitan, torchtitan_version
 
 #: the default configs (--configs), in the order they run (the heaviest last)
 DEFAULT_CONFIGS = ("qwen3-30b-a3b", "olmoe", "mixtral")
-TINY = {"tiny": (16, 32, 8, 2)}
 TT_BACKEND = "spmd_types"
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
 
@@ -170,16 +169,6 @@ def parse_args(argv=None):
     return args
 
 
-def select_configs(arg: str) -> dict:
-    table = {**CONFIGS, **TINY}
-    out = {}
-    for name in comma_list(arg):
-        if name not in table:
-            raise SystemExit(f"unknown config {name!r}; known: {', '.join(table)}")
-        out[name] = table[name]
-    return out
-
-
 def main(argv=None) -> int:
     line_buffered_stdout()
     args = parse_args(argv)
@@ -211,7 +200,7 @@ def run(args, argv, dev, rank: int, W: int) -> int:
     cuda = dev.type == "cuda"
     dtype = DTYPES[args.dtype or ("bf16" if cuda else "fp32")]
     T = args.tokens_per_gpu or (16384 if cuda else 64)
-    configs = select_configs(args.configs)
+    configs = ep_configs(args.configs)
     for name, (_d, _f, E, _k) in configs.items():
         if E % W:
             raise SystemExit(f"{name}: {E} experts do not divide over {W} ranks")

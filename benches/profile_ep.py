@@ -20,12 +20,8 @@ import sys
 import time
 
 from harness.cli import init_ranks, line_buffered_stdout, parser
-from harness.configs import CONFIGS as MOE_CONFIGS
+from harness.configs import ep_configs
 from harness.timing import Clock
-
-#: the MoE configs, and ``tiny`` for the CPU
-TINY = {"tiny": (16, 32, 8, 2)}
-CONFIGS = {**MOE_CONFIGS, **TINY}
 
 CATEGORIES = ("gemm", "nccl", "rows", "other")
 MODES = ("exact", "fixed")
@@ -161,7 +157,7 @@ def profile(args) -> int:
     cuda = dev.type == "cuda"
     dtype = torch.bfloat16 if cuda else torch.float32
     rank, W = dist.get_rank(), dist.get_world_size()
-    d, f, E, k = CONFIGS[args.config]
+    d, f, E, k = ep_configs(args.config)[args.config]
     if E % W:
         raise SystemExit(f"{args.config}: {E} experts do not divide over {W} ranks")
     T, e = args.tokens_per_gpu, E // W
@@ -283,8 +279,7 @@ def profile(args) -> int:
 def main(argv=None) -> int:
     line_buffered_stdout()
     args = parse_args(argv)
-    if args.config not in CONFIGS:
-        raise SystemExit(f"unknown config {args.config!r}; known: {', '.join(CONFIGS)}")
+    ep_configs(args.config)  # an unknown name stops here, before the process group
     return profile(args)
 
 
