@@ -1,5 +1,5 @@
 """Result files and their rendering, shared by every bench (one module per bench's table
-beside this one: gpu, moe, rows, ep, profile).
+beside this one: gpu, moe, rows, ep).
 
 A result document is one JSON object: ``schema``, ``complete``, ``argv`` (``runs`` once
 several runs are merged), ``started``, the device and versions, then ``rows`` and
