@@ -178,10 +178,9 @@ def rr_settings(args) -> dict:
     return {k: getattr(args, k) for k in RR_ARGS if hasattr(args, k)}
 
 
-def median_ms(fn, reps: int, warmup: int = 5, *, cuda: bool = True, isolated: bool = False):
+def median_ms(fn, reps: int, warmup: int = 5, *, cuda: bool = True):
     """Median ms per call of ``fn()`` over ``reps`` calls after ``warmup``: CUDA events
-    around each call, issued back to back (``isolated``: the host waits for each), or
-    ``perf_counter`` on the CPU."""
+    around each call, issued back to back, or ``perf_counter`` on the CPU."""
     for _ in range(warmup):
         fn()
     if not cuda:
@@ -197,8 +196,6 @@ def median_ms(fn, reps: int, warmup: int = 5, *, cuda: bool = True, isolated: bo
         s.record()
         fn()
         e.record()
-        if isolated:
-            e.synchronize()
     torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) for s, e in ev)
 
