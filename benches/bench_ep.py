@@ -33,7 +33,6 @@ import os
 import sys
 import time
 import traceback
-from typing import Any
 
 import groupmm
 import groupmm._fixed as gfixed
@@ -53,7 +52,7 @@ from harness.report.ep import (
     merge_docs,
     render_md,
 )
-from harness.timing import Clock
+from harness.timing import Clock, Mark
 from peers.torchtitan import load_torchtitan, torchtitan_version
 
 #: the default configs (--configs), in the order they run (the heaviest last)
@@ -63,31 +62,6 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
 
 
 # ------------------------------------------------------------------------------ the split
-
-
-def _ready(t):
-    """A functional collective's result waited on (its wait is enqueued before a stamp)."""
-    wait = getattr(t, "trigger_wait", None)
-    return wait() if wait is not None else t
-
-
-class _Mark(torch.autograd.Function):
-    """Identity that stamps ``fwd`` when the forward passes it and ``bwd`` when the
-    gradient does."""
-
-    @staticmethod
-    def forward(ctx: Any, t, split, fwd: str, bwd: str):
-        ctx.split, ctx.bwd = split, bwd
-        r = _ready(t)
-        out = r.view(r.shape)
-        split.stamp(fwd)
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, grad):
-        grad = _ready(grad)
-        ctx.split.stamp(ctx.bwd)
-        return grad, None, None, None
 
 
 class Split:
@@ -114,7 +88,7 @@ class Split:
     def mark(self, t, fwd: str, bwd: str):
         if self.cur is None or not self.enabled or not torch.is_tensor(t):
             return t
-        return _Mark.apply(t, self, fwd, bwd)
+        return Mark.apply(t, lambda: self.stamp(fwd), lambda: self.stamp(bwd), True)
 
 
 def install_split(split: Split) -> None:

@@ -235,3 +235,28 @@ class Clock:
     def sync(self) -> None:
         if self.cuda:
             torch.cuda.synchronize()
+
+
+def _ready(t):
+    """A functional collective's result waited on (its wait is enqueued before a stamp)."""
+    wait = getattr(t, "trigger_wait", None)
+    return wait() if wait is not None else t
+
+
+class Mark(torch.autograd.Function):
+    """Identity that calls ``on_fwd()`` when the forward passes it and ``on_bwd()`` when
+    the gradient does (``wait``: a functional collective's result waited on first)."""
+
+    @staticmethod
+    def forward(ctx, t, on_fwd, on_bwd, wait: bool = False):
+        ctx.on_bwd, ctx.wait = on_bwd, wait
+        t = _ready(t) if wait else t
+        out = t.view(t.shape)
+        on_fwd()
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = _ready(grad) if ctx.wait else grad
+        ctx.on_bwd()
+        return grad, None, None, None
