@@ -530,17 +530,14 @@ def test_main_writes_json_md_png_and_honours_the_budget(monkeypatch, tmp_path, c
     assert doc["rows"] == [] and [s["shape"] for s in doc["skipped"]] == ["tiny-a", "tiny-dec"]
 
 
-def test_load_docs_reads_a_comma_list_and_upgrades_each(tmp_path):
-    """--from-json's reader (report.load_docs): every file of the comma list, in order,
-    each through the upgrade function when one is given."""
+def test_load_docs_reads_a_comma_list(tmp_path):
+    """--from-json's reader (report.load_docs): every file of the comma list, in order."""
     paths = []
     for i in range(3):
         path = tmp_path / f"r{i}.json"
         path.write_text(json.dumps({"rows": [i]}))
         paths.append(str(path))
     assert report.load_docs(",".join(paths)) == [{"rows": [0]}, {"rows": [1]}, {"rows": [2]}]
-    up = report.load_docs(paths[1], lambda d: {**d, "upgraded": True})
-    assert up == [{"rows": [1], "upgraded": True}]
     with pytest.raises(FileNotFoundError):
         report.load_docs(str(tmp_path / "missing.json"))
 

@@ -96,13 +96,12 @@ def write_outputs(doc: dict, json_path, md_path, render_md) -> None:
             os.replace(path + ".tmp", path)
 
 
-def load_docs(paths: str, upgrade=None) -> list:
-    """The documents of a comma list of JSON files, each through ``upgrade`` if given."""
+def load_docs(paths: str) -> list:
+    """The documents of a comma list of JSON files."""
     docs = []
     for path in paths.split(","):
         with open(path) as fh:
-            doc = json.load(fh)
-        docs.append(upgrade(doc) if upgrade else doc)
+            docs.append(json.load(fh))
     return docs
 
 
@@ -142,10 +141,10 @@ def one_file(docs: list) -> dict:
     return docs[0]
 
 
-def from_json(args, merge, show, render_md, upgrade=None) -> dict:
+def from_json(args, merge, show, render_md) -> dict:
     """``--from-json``: the files read, merged, shown on stdout (``show``), the merged
     document to ``--json`` when there were several, the markdown to ``--md``."""
-    docs = load_docs(args.from_json, upgrade)
+    docs = load_docs(args.from_json)
     doc = merge(docs)
     show(doc)
     if getattr(args, "json", None) and len(docs) > 1:
