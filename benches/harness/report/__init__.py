@@ -312,12 +312,11 @@ def with_spread(row: dict, k: str, v, spec: str, sep: str = " ") -> str:
     return format(v, spec) + (f"{sep}±{sp / 2:.1f}%" if sp is not None else "")
 
 
-def ratio_range(v, p, bold=False) -> str:
+def ratio_range(v, p) -> str:
     """A ratio and, with round-by-round ratios ``p``, their min–max."""
     if v is None:
         return "-"
-    s = f"**{v:.2f}**" if bold else f"{v:.2f}"
-    return s + (f" ({p['min']:.2f}–{p['max']:.2f})" if p else "")
+    return f"{v:.2f}" + (f" ({p['min']:.2f}–{p['max']:.2f})" if p else "")
 
 
 def no_figure_lines(rows, label, name=lambda k: k) -> list:
