@@ -200,20 +200,17 @@ def median_ms(fn, reps: int, warmup: int = 5, *, cuda: bool = True):
     return statistics.median(s.elapsed_time(e) for s, e in ev)
 
 
-def per_call_us(fn, calls: int, repeats: int = 1, sync=torch.cuda.synchronize) -> float:
-    """Median host µs per call of ``fn`` over ``repeats`` runs of ``calls`` calls issued
-    without a sync (the GPU work is tiny: the host is the bottleneck)."""
+def per_call_us(fn, calls: int) -> float:
+    """Host µs per call of ``fn`` over ``calls`` calls issued without a sync (the GPU work
+    is tiny: the host is the bottleneck), after up to 200 warm-up calls."""
     for _ in range(min(200, calls)):
         fn()
-    runs = []
-    for _ in range(repeats):
-        sync()
-        t0 = time.perf_counter_ns()
-        for _ in range(calls):
-            fn()
-        sync()
-        runs.append((time.perf_counter_ns() - t0) / calls / 1e3)
-    return statistics.median(runs)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter_ns()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter_ns() - t0) / calls / 1e3
 
 
 class Clock:
