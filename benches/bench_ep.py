@@ -33,7 +33,6 @@ import os
 import sys
 import time
 import traceback
-from typing import Any
 
 import groupmm
 import groupmm._fixed as gfixed
@@ -41,9 +40,9 @@ import groupmm.parallel as gpar
 import torch
 import torch.distributed as dist
 from ep_run import agree, run_row
-from harness.cli import comma_list, init_ranks, leave, line_buffered_stdout, parser
-from harness.configs import CONFIGS, MODELS, ZIPF_S
+from harness.cli import init_ranks, leave, line_buffered_stdout, parser
 from harness.configs import EP_ROUTINGS as ROUTINGS
+from harness.configs import MODELS, ZIPF_S, ep_configs
 from harness.report import error_text, from_json, started, write_outputs
 from harness.report.ep import (
     IMPLS,
@@ -53,42 +52,16 @@ from harness.report.ep import (
     merge_docs,
     render_md,
 )
-from harness.timing import Clock
+from harness.timing import Clock, Mark
 from peers.torchtitan import load_torchtitan, torchtitan_version
 
 #: the default configs (--configs), in the order they run (the heaviest last)
 DEFAULT_CONFIGS = ("qwen3-30b-a3b", "olmoe", "mixtral")
-TINY = {"tiny": (16, 32, 8, 2)}
 TT_BACKEND = "spmd_types"
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
 
 
 # ------------------------------------------------------------------------------ the split
-
-
-def _ready(t):
-    """A functional collective's result waited on (its wait is enqueued before a stamp)."""
-    wait = getattr(t, "trigger_wait", None)
-    return wait() if wait is not None else t
-
-
-class _Mark(torch.autograd.Function):
-    """Identity that stamps ``fwd`` when the forward passes it and ``bwd`` when the
-    gradient does."""
-
-    @staticmethod
-    def forward(ctx: Any, t, split, fwd: str, bwd: str):
-        ctx.split, ctx.bwd = split, bwd
-        r = _ready(t)
-        out = r.view(r.shape)
-        split.stamp(fwd)
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, grad):
-        grad = _ready(grad)
-        ctx.split.stamp(ctx.bwd)
-        return grad, None, None, None
 
 
 class Split:
@@ -115,7 +88,7 @@ class Split:
     def mark(self, t, fwd: str, bwd: str):
         if self.cur is None or not self.enabled or not torch.is_tensor(t):
             return t
-        return _Mark.apply(t, self, fwd, bwd)
+        return Mark.apply(t, lambda: self.stamp(fwd), lambda: self.stamp(bwd), True)
 
 
 def install_split(split: Split) -> None:
@@ -170,16 +143,6 @@ def parse_args(argv=None):
     return args
 
 
-def select_configs(arg: str) -> dict:
-    table = {**CONFIGS, **TINY}
-    out = {}
-    for name in comma_list(arg):
-        if name not in table:
-            raise SystemExit(f"unknown config {name!r}; known: {', '.join(table)}")
-        out[name] = table[name]
-    return out
-
-
 def main(argv=None) -> int:
     line_buffered_stdout()
     args = parse_args(argv)
@@ -211,7 +174,7 @@ def run(args, argv, dev, rank: int, W: int) -> int:
     cuda = dev.type == "cuda"
     dtype = DTYPES[args.dtype or ("bf16" if cuda else "fp32")]
     T = args.tokens_per_gpu or (16384 if cuda else 64)
-    configs = select_configs(args.configs)
+    configs = ep_configs(args.configs)
     for name, (_d, _f, E, _k) in configs.items():
         if E % W:
             raise SystemExit(f"{name}: {E} experts do not divide over {W} ranks")

@@ -4,7 +4,7 @@ and a dense torch.mm of the same FLOPs, with each row's roofline bound.
     python3 benches/bench_gpu.py [--shapes all|fine|decode|larger|legacy|NAME,...]
         [--routing uniform,zipf12] [--passes fwd,dX,dW,fwd+bwd] [--rounds 7] [--quick]
         [--no-quack] [--no-loop] [--isolated] [--budget-s S] [--json F] [--md F] [--png F]
-    python3 benches/bench_gpu.py --dry-run [...]       # the rows and a time estimate; no GPU
+    python3 benches/bench_gpu.py --dry-run [...]       # the rows; no GPU
     python3 benches/bench_gpu.py --from-json F.json [--md F] [--png F]   # render; no GPU
 
 Passes: fwd (x @ w: [T, K] x [E, K, N]), dX (dy @ wᵀ), dW (xᵀ @ dy grouped along T) and
@@ -42,14 +42,12 @@ from harness.report.gpu import (
     render_md,
     render_png,
 )
-from harness.timing import estimate_ms, round_robin, rr_settings
-from peers.quack import QUACK_CONFIGS, load_quack, quack_candidates, quack_host_cost
+from harness.timing import round_robin, rr_settings
+from peers.quack import load_quack, quack_candidates, quack_host_cost
 from peers.torch import grouped_mm
 
 #: where the rows run (the CPU tests point it at the CPU)
 DEV = "cuda"
-#: --dry-run's model of an H200: dense rate, copy bandwidth, seconds of one quack JIT
-EST_RATE, EST_BW, EST_QUACK_JIT_S = 790e12, 4.3e12, 10.0
 _QUACK_FORMS_SEEN = set()
 
 
@@ -102,44 +100,13 @@ def plan_rows(names, passes, routings, quick) -> list:
     ]
 
 
-def estimate_s(plan, args, quack: bool) -> dict:
-    """A rough wall-time estimate of a plan on an H200 (a budget check, not a measurement)."""
-    gpu = host = 0.0
-    forms = set()
-    for _name, s, T, _routing, p in plan:
-        flops = pass_mult(p) * 2.0 * T * s.K * s.N
-        t = max(flops / (0.6 * EST_RATE), nbytes_for(p, s.E, s.K, s.N, T, 2) / (0.75 * EST_BW))
-        ms = {"groupmm": t * 1e3, "torch": t * 1e3, "dense": flops / (0.85 * EST_RATE) * 1e3}
-        hs = {"groupmm": 0.03, "torch": 0.03, "dense": 0.01}
-        if not args.no_loop and p != "fwd+bwd":
-            ms["loop"], hs["loop"] = max(1.5 * t * 1e3, s.E * 0.006), s.E * 0.008
-        if quack and p != "fwd+bwd":
-            ms["quack"], hs["quack"] = t * 1e3, 0.1
-            forms.add(p)
-            sel = {c: t * 1e3 for c in QUACK_CONFIGS}
-            gpu += (
-                estimate_ms(sel, dict.fromkeys(sel, 0.1), args) * args.select_rounds / args.rounds
-            )
-        gpu += estimate_ms(ms, hs, args)
-        host += 0.2 + 0.002 * len(ms) * args.rounds
-    jit = len(forms) * len(QUACK_CONFIGS) * EST_QUACK_JIT_S
-    total = gpu / 1e3 + host + jit + 10 + 0.5 * len({n for n, *_ in plan})
-    return {"rows": len(plan), "gpu_s": gpu / 1e3, "host_s": host, "jit_s": jit, "total_s": total}
-
-
 def dry_run(plan, names, args) -> int:
     for name, s, T, routing, p in plan:
         print(
             f"{name:19} {shapes.row_class(s.E, T, s.decode):6} {routing:7} {p:7} E={s.E:<3} "
             f"K={s.K:<5} N={s.N:<5} T={T:<6} rows/expert {T / s.E:7.1f}  {s.model}, {s.proj}"
         )
-    est = estimate_s(plan, args, quack=not args.no_quack)
-    print(
-        f"{est['rows']} rows over {len(names)} shapes; estimated wall on an H200 "
-        f"~{est['total_s']:.0f} s (samples and warm-ups ~{est['gpu_s']:.0f} s, quack JIT "
-        f"~{est['jit_s']:.0f} s at an assumed {EST_QUACK_JIT_S:.0f} s per configuration and "
-        "pass form; a rough model, not a measurement)"
-    )
+    print(f"{len(plan)} rows over {len(names)} shapes")
     return 0
 
 
@@ -260,7 +227,7 @@ def run_shape(name, spec, T, routings, passes, dtype, args, ceil, torch_gmm, Q, 
 def host_cost(torch_gmm, n=2000):
     """Host µs per call of a small packed forward and forward+backward."""
     import groupmm
-    from host_cost import per_call_us
+    from harness.timing import per_call_us
 
     E, K, N, T = 8, 128, 128, 256
     x = torch.randn(T, K, device="cuda", dtype=torch.bfloat16)

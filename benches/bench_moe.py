@@ -5,7 +5,7 @@ round-robin (harness.timing) with peak memory and output and gradient difference
     python3 benches/bench_moe.py [--configs layer|layer-wide|fine|legacy|extra|all|NAME,...]
         [--tokens 4096,16384] [--routing router,uniform,skewed] [--passes fwd+bwd,fwd]
         [--rounds 10] [--no-sonic] [--budget-s S] [--json F] [--md F]
-    python3 benches/bench_moe.py --dry-run [...]     # the rows and a time estimate; no GPU
+    python3 benches/bench_moe.py --dry-run [...]     # the rows; no GPU
     python3 benches/bench_moe.py --from-json a.json[,b.json] [--json merged.json] [--md F]
     python3 benches/bench_moe.py --tiny              # one tiny config, T = 64
 
@@ -53,7 +53,7 @@ from harness.report.moe import (
     render_md,
     summarize,
 )
-from harness.timing import estimate_ms, round_robin, rr_settings
+from harness.timing import round_robin, rr_settings
 from peers.sonicmoe import (
     load_sonic,
     peer_versions,
@@ -65,11 +65,6 @@ from peers.torch import TorchGmm, why_no_grouped_mm
 
 #: where the rows run (the CPU tests point it at the CPU)
 DEV = "cuda"
-#: --dry-run's model of an H200: dense bf16 rate, the fraction a layer step reaches, each
-#: implementation's time over fused's, SonicMoE's warm-up (first row, later rows; assumed)
-EST_RATE, EST_EFF = 790e12, 0.4
-EST_FACTOR = {"fused": 1.0, "groupmm": 1.05, "torch-gmm": 1.15, "plain": 1.5, "sonicmoe": 1.0}
-EST_SONIC_FIRST_S, EST_SONIC_SHAPE_S = 300.0, 60.0
 
 
 def parse_args(argv=None):
@@ -106,22 +101,6 @@ def step_flops(row: dict) -> float:
     return fwd * (3.0 if row["pass"] == "fwd+bwd" else 1.0)
 
 
-def estimate_s(plan, args, sonic: bool) -> dict:
-    """A rough wall-time estimate on an H200 (a budget check, not a measurement)."""
-    gpu = warm = host = 0.0
-    for row in plan:
-        t = step_flops(row) / (EST_EFF * EST_RATE) * 1e3
-        ms = {k: t * f for k, f in EST_FACTOR.items() if k != "sonicmoe" or sonic}
-        if row["routing"] != "router":
-            ms.pop("sonicmoe", None)
-        gpu += estimate_ms(ms, dict.fromkeys(ms, 2.0), args, extra_calls=6)
-        if "sonicmoe" in ms:
-            warm += EST_SONIC_FIRST_S if warm == 0.0 else EST_SONIC_SHAPE_S
-        host += 1.0
-    total = gpu / 1e3 + warm + host + (15.0 if sonic else 0.0)
-    return dict(rows=len(plan), gpu_s=gpu / 1e3, sonic_warm_s=warm, host_s=host, total_s=total)
-
-
 def dry_run(plan, configs, args) -> int:
     for r in plan:
         print(
@@ -130,14 +109,7 @@ def dry_run(plan, configs, args) -> int:
             f"rows/expert {r['T'] * r['top_k'] / r['experts']:7.1f}  "
             f"{step_flops(r) / 1e12:6.2f} TFLOP/step  {r['model']}"
         )
-    est = estimate_s(plan, args, sonic=not args.no_sonic)
-    sonic = f", SonicMoE warm-ups ~{est['sonic_warm_s']:.0f} s (assumed: JIT and autotune)"
-    sonic = sonic if est["sonic_warm_s"] else ""
-    print(
-        f"{est['rows']} rows over {len(configs)} configs; estimated wall on an H200 "
-        f"~{est['total_s']:.0f} s (timed steps ~{est['gpu_s']:.0f} s{sonic}, host "
-        f"~{est['host_s']:.0f} s; a rough model, not a measurement)"
-    )
+    print(f"{len(plan)} rows over {len(configs)} configs")
     return 0
 
 

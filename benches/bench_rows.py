@@ -5,7 +5,7 @@ and torch's equivalent, per op and shape.
     python3 benches/bench_rows.py [--ops combine,sum,gather,scatter] [--dims 768,2048]
         [--topk 1,8] [--tokens 4096,65536] [--dtypes bf16,fp16,fp32] [--rounds 5]
         [--max-gib 3] [--quick] [--budget-s S] [--json F] [--md F]
-    python3 benches/bench_rows.py --dry-run [...]    # the rows and a time estimate; no GPU
+    python3 benches/bench_rows.py --dry-run [...]    # the rows; no GPU
     python3 benches/bench_rows.py --from-json a.json[,b.json] [--json merged.json] [--md F]
 
 Ops (R = T*k routed rows, D columns): ``combine`` ``gather_sum(y [R, D], inverse [T, k],
@@ -49,7 +49,7 @@ from harness.report.rows import (
     render_md,
     summarize,
 )
-from harness.timing import estimate_ms, round_robin, rr_settings
+from harness.timing import round_robin, rr_settings
 
 #: where the rows run (the CPU tests point it at the CPU)
 DEV = "cuda"
@@ -75,12 +75,6 @@ QUICK = (
     ("fp32", 16384, 2048, 8),
 )
 IDX_BYTES = W_BYTES = 4  # int32 indices, float32 weights
-#: --dry-run's model (an H100): copy bandwidth, one kernel's floor, groupmm's fraction of
-#: the copy, torch's time over the copy's, host ms per call, seconds per row
-EST_BW, EST_FLOOR_MS, EST_FRAC = 2.8e12, 0.004, 0.8
-EST_TORCH = {"combine": 5.0, "sum": 2.5, "gather": 1.1, "scatter": 3.0}
-EST_HOST_MS = {"groupmm": 0.015, "torch": 0.06, "copy": 0.01}
-EST_ROW_S = 0.25
 
 
 def num_experts(k: int) -> int:
@@ -231,17 +225,6 @@ def check(op: str, dtype: str, got, want) -> dict:
     return {"ok": err < TOL[dtype], "err": err, "how": f"rel err < {TOL[dtype]:g}"}
 
 
-def estimate_s(plan, args) -> float:
-    """--dry-run's wall seconds of a plan (a budget check, not a measurement)."""
-    s = 0.0
-    for row in plan:
-        copy_ms = max(EST_FLOOR_MS, row["bytes"] / EST_BW * 1e3)
-        ms = {"groupmm": max(EST_FLOOR_MS, copy_ms / EST_FRAC), "copy": copy_ms}
-        ms["torch"] = max(3 * EST_FLOOR_MS, copy_ms * EST_TORCH[row["op"]])
-        s += (estimate_ms(ms, EST_HOST_MS, args) + ms["groupmm"] + ms["torch"]) / 1e3 + EST_ROW_S
-    return s
-
-
 def run_row(row: dict, idx: Indices, args, dev) -> dict:
     """Build the op, check groupmm against torch, then time groupmm, torch and the copy."""
     gm, tc = build_op(
@@ -321,14 +304,13 @@ def main(argv=None) -> int:
                 f"{r['op']:7} {r['dtype']:4} T={r['T']:<5} D={r['D']:<4} k={r['k']:<2} "
                 f"R={r['R']:<7} E={r['E']:<3} {r['bytes'] / 1e6:9.1f} MB  [R, D] "
                 f"{r['largest_bytes'] / 2**30:5.2f} GiB  allocates <= "
-                f"{r['alloc_bytes'] / 2**30:5.2f} GiB  ~{estimate_s([r], args):.2f} s"
+                f"{r['alloc_bytes'] / 2**30:5.2f} GiB"
             )
         for s in skipped:
             print(f"skip {s['row']}: {s['why']}")
         print(
-            f"{len(plan)} rows ({len(skipped)} shapes skipped by --max-gib); estimated wall "
-            f"on an H100 ~{estimate_s(plan, args):.0f} s (a rough model, not a measurement; "
-            "rows that do not fit the free GPU memory are skipped at run time)"
+            f"{len(plan)} rows ({len(skipped)} shapes skipped by --max-gib; rows that do "
+            "not fit the free GPU memory are skipped at run time)"
         )
         return 0
     if no_cuda():

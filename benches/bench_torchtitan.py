@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from harness.cli import comma_list, init_ranks, leave, line_buffered_stdout, parser
 from harness.report import dist_version, error_text, fmt, started, write_outputs
-from harness.timing import Clock, rr_orders, spread
+from harness.timing import Clock, Mark, rr_orders, spread
 from peers.torchtitan import build_models, setup_parallel
 
 #: d_model, moe hidden, experts, top-k, heads, kv heads, head dim
@@ -70,29 +70,19 @@ def parse_args(argv=None):
 # --------------------------------------------------------------------------- a step
 
 
-class _Stamp(torch.autograd.Function):
-    """Identity that appends a clock stamp to ``stamps[fwd]`` in the forward and to
-    ``stamps[bwd]`` when the gradient passes."""
-
-    @staticmethod
-    def forward(ctx, t, stamps, clock, fwd, bwd):
-        ctx.stamps, ctx.clock, ctx.bwd = stamps, clock, bwd
-        stamps.setdefault(fwd, []).append(clock.stamp())
-        return t.view_as(t)
-
-    @staticmethod
-    def backward(ctx, grad):
-        ctx.stamps.setdefault(ctx.bwd, []).append(ctx.clock.stamp())
-        return grad, None, None, None, None
-
-
 def time_moe_layers(model, clock, stamps: dict) -> None:
     """Stamps around every MoE module of ``model``: ``fi``/``fo`` (its input, output in
     the forward), ``bo``/``bi`` (their gradients in the backward)."""
+
+    def stamp(t, fwd, bwd):
+        def add(key):
+            return lambda: stamps.setdefault(key, []).append(clock.stamp())
+
+        return Mark.apply(t, add(fwd), add(bwd))
+
     for block in model.layers.values():
-        moe = block.moe
-        moe.register_forward_pre_hook(lambda m, a: (_Stamp.apply(a[0], stamps, clock, "fi", "bi"),))
-        moe.register_forward_hook(lambda m, a, out: _Stamp.apply(out, stamps, clock, "fo", "bo"))
+        block.moe.register_forward_pre_hook(lambda m, a: (stamp(a[0], "fi", "bi"),))
+        block.moe.register_forward_hook(lambda m, a, out: stamp(out, "fo", "bo"))
 
 
 def moe_ms(clock, stamps: dict):

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from harness.cli import comma_list, init_ranks, line_buffered_stdout, parser
-from harness.configs import CONFIGS
+from harness.configs import ep_configs
 from harness.report import from_json, one_file, started, write_outputs
 
 VARIANTS = ("gemm", "a2a", "serial", "overlap")
@@ -65,7 +65,7 @@ def timed(fn, dev) -> float:
 
 
 def run_config(name: str, T: int, samples: int, dev, W: int, limits=()) -> dict:
-    d, f, E, k = CONFIGS[name]
+    d, f, E, k = ep_configs(name)[name]
     rows = received_rows(T, E, k, W, torch.Generator().manual_seed(0))
     groups = E // W
     x = torch.randn(rows, d, device=dev, dtype=torch.bfloat16)
@@ -170,9 +170,7 @@ def main(argv=None) -> int:
         "groupmm": groupmm.build_info(),
         "rows": [],
     }
-    for name in comma_list(args.configs):
-        if name not in CONFIGS:
-            raise SystemExit(f"unknown config {name!r}; known: {', '.join(CONFIGS)}")
+    for name in ep_configs(args.configs):
         limits = [int(v) for v in comma_list(args.sm_limits)] if args.sm_limits else []
         row = run_config(name, args.tokens_per_gpu, args.samples, dev, W, limits)
         doc["rows"].append(row)

@@ -1,11 +1,11 @@
 """Where one expert-parallel step goes on the GPU: groupmm's fused EP block forward + backward
 under torch.profiler, rank 0's kernels by category (gemm, nccl, rows, other) and the GPU's
 idle time, with the GPU's and the host's clocks at the step's phase boundaries on every
-rank; with exact sizes, fixed sizes (``--capacity``) or both (``--modes exact,fixed``).
+rank; with exact sizes, fixed sizes (capacity = the tokens per GPU) or both.
 
     NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc-per-node W benches/profile_ep.py \
-        [--config mixtral] [--tokens-per-gpu 16384] [--capacity N|tokens] \
-        [--modes exact,fixed] [--trace OUT.json.gz] [--md OUT.md] [--device cuda|cpu]
+        [--config mixtral] [--tokens-per-gpu 16384] [--modes exact,fixed] \
+        [--trace OUT.json.gz] [--md OUT.md] [--device cuda|cpu]
 
 ``--md`` also writes the document as JSON beside it; with several modes each mode's trace
 goes to ``--trace``'s name with ``-MODE`` before its extension.
@@ -20,11 +20,8 @@ import sys
 import time
 
 from harness.cli import init_ranks, line_buffered_stdout, parser
-from harness.configs import CONFIGS as MOE_CONFIGS
-
-#: the MoE configs, and ``tiny`` for the CPU
-TINY = {"tiny": (16, 32, 8, 2)}
-CONFIGS = {**MOE_CONFIGS, **TINY}
+from harness.configs import ep_configs
+from harness.timing import Clock
 
 CATEGORIES = ("gemm", "nccl", "rows", "other")
 MODES = ("exact", "fixed")
@@ -37,37 +34,16 @@ def parse_args(argv=None):
     p = parser(__doc__)
     p.add_argument("--config", default="mixtral", help="a config of harness/configs.py")
     p.add_argument("--tokens-per-gpu", type=int, default=16384)
-    p.add_argument(
-        "--capacity",
-        help="the fixed mode's capacity: an int, or 'tokens' (the tokens per GPU); alone it "
-        "selects --modes fixed",
-    )
-    p.add_argument(
-        "--modes", help="comma list of exact, fixed (default: exact, or fixed with --capacity)"
-    )
+    p.add_argument("--modes", default="exact", help="comma list of exact, fixed")
     p.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda when available")
     p.add_argument("--trace", help="rank 0's chrome trace (.json or .json.gz)")
     p.add_argument("--md", help="the summary in markdown (rank 0)")
     args = p.parse_args(argv)
-    args.modes = (args.modes or ("fixed" if args.capacity else "exact")).split(",")
+    args.modes = args.modes.split(",")
     bad = [m for m in args.modes if m not in MODES]
     if bad or len(set(args.modes)) != len(args.modes):
         p.error(f"--modes: expected distinct modes of {', '.join(MODES)}, found {args.modes}")
-    if args.capacity not in (None, "tokens"):
-        try:
-            args.capacity = int(args.capacity)
-        except ValueError:
-            p.error(f"--capacity: expected an int or 'tokens', found {args.capacity!r}")
-        if args.capacity < args.tokens_per_gpu:
-            p.error(f"--capacity: expected at least --tokens-per-gpu {args.tokens_per_gpu}")
     return args
-
-
-def capacity_of(args, mode: str):
-    """The ``capacity`` argument of a mode: None (exact sizes), or the fixed mode's."""
-    if mode == "exact":
-        return None
-    return args.tokens_per_gpu if args.capacity in (None, "tokens") else args.capacity
 
 
 def trace_path(path: str, mode: str, several: bool) -> str:
@@ -181,7 +157,7 @@ def profile(args) -> int:
     cuda = dev.type == "cuda"
     dtype = torch.bfloat16 if cuda else torch.float32
     rank, W = dist.get_rank(), dist.get_world_size()
-    d, f, E, k = CONFIGS[args.config]
+    d, f, E, k = ep_configs(args.config)[args.config]
     if E % W:
         raise SystemExit(f"{args.config}: {E} experts do not divide over {W} ranks")
     T, e = args.tokens_per_gpu, E // W
@@ -194,24 +170,11 @@ def profile(args) -> int:
     gy = torch.randn(T, d, device=dev, generator=gen).to(dtype)
     leaves = [t.requires_grad_() for t in (x, weights, w_in, w_out)]
 
-    def sync():
-        if cuda:
-            torch.cuda.synchronize()
-
-    def event():
-        if not cuda:
-            return time.perf_counter()
-        ev = torch.cuda.Event(enable_timing=True)
-        ev.record()
-        return ev
-
-    def elapsed(a, b) -> float:
-        return a.elapsed_time(b) if cuda else 1e3 * (b - a)
-
+    clock = Clock(cuda)
     marks: list = []
 
     def mark(name):
-        marks.append((name, event(), time.perf_counter()))
+        marks.append((name, clock.stamp(), time.perf_counter()))
 
     def wrap(module, name):
         real = getattr(module, name)
@@ -235,7 +198,7 @@ def profile(args) -> int:
     path = args.trace or "/tmp/profile_ep_trace.json"
     results = []
     for mode in args.modes:
-        capacity = capacity_of(args, mode)
+        capacity = None if mode == "exact" else T
 
         def step(capacity=capacity):
             marks.clear()
@@ -252,25 +215,25 @@ def profile(args) -> int:
         steps = []
         for _ in range(5):
             dist.barrier()
-            sync()
-            a = event()
+            clock.sync()
+            a = clock.stamp()
             step()
-            b = event()
-            sync()
-            ms = torch.tensor([elapsed(a, b)], device=dev)
+            b = clock.stamp()
+            clock.sync()
+            ms = torch.tensor([clock.ms(a, b)], device=dev)
             dist.all_reduce(ms, op=dist.ReduceOp.MAX)
             steps.append(float(ms))
         t0e, t0h = marks[0][1], marks[0][2]
-        mine = [(n, elapsed(t0e, ev), 1e3 * (h - t0h)) for n, ev, h in marks]
+        mine = [(n, clock.ms(t0e, ev), 1e3 * (h - t0h)) for n, ev, h in marks]
         every = [None] * W
         dist.all_gather_object(every, mine)
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
         with profile(activities=activities, schedule=schedule(wait=1, warmup=1, active=1)) as prof:
             for _ in range(3):
                 dist.barrier()
-                sync()
+                clock.sync()
                 step()
-                sync()
+                clock.sync()
                 prof.step()
         if capacity is not None:
             gp.check_routing()  # the fixed-size calls' routing flags not checked yet
@@ -316,8 +279,7 @@ def profile(args) -> int:
 def main(argv=None) -> int:
     line_buffered_stdout()
     args = parse_args(argv)
-    if args.config not in CONFIGS:
-        raise SystemExit(f"unknown config {args.config!r}; known: {', '.join(CONFIGS)}")
+    ep_configs(args.config)  # an unknown name stops here, before the process group
     return profile(args)
 
 

@@ -39,7 +39,7 @@ def add_output_args(p, budget: str = "row", png: bool = False, merge: bool = Tru
     p.add_argument("--md", help="the table in markdown, rewritten after every row")
     if png:
         p.add_argument("--png", help="a chart of the run (needs matplotlib)")
-    p.add_argument("--dry-run", action="store_true", help="print the rows and an estimate")
+    p.add_argument("--dry-run", action="store_true", help="print the rows; no GPU")
     what = "result files (comma list: merged into one table)" if merge else "a result file"
     p.add_argument("--from-json", help=f"render {what}; no GPU")
 

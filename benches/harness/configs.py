@@ -76,6 +76,16 @@ PASSES = ("fwd+bwd", "fwd")
 #: bench_ep.py's routings; Zipf exponent of the skewed one's expert popularity
 EP_ROUTINGS = ("uniform", "skewed")
 ZIPF_S = 1.0
+#: the EP benches' configs: the MoE configs and a tiny one for gloo on the CPU
+EP_CONFIGS = {**CONFIGS, "tiny": (16, 32, 8, 2)}
+
+
+def ep_configs(arg: str) -> dict:
+    """``{name: (d, d_ff, E, k)}`` of a comma list of EP_CONFIGS names, in its order."""
+    bad = [n for n in comma_list(arg) if n not in EP_CONFIGS]
+    if bad:
+        raise SystemExit(f"unknown config {bad[0]!r}; known: {', '.join(EP_CONFIGS)}")
+    return {n: EP_CONFIGS[n] for n in comma_list(arg)}
 
 
 def make_routing(T: int, E: int, k: int, kind: str, gen: torch.Generator) -> tuple:

@@ -6,8 +6,8 @@ rotating each round; a sample is CUDA events around ``calls`` back-to-back calls
 so that a sample lasts about ``sample_ms``), after the same GPU spin (``lead``), long
 enough for the host to enqueue the sample. Per implementation: the median ms per call,
 its spread over the rounds and the per-round samples (``paired`` takes ratios round by
-round). ``median_ms(fn, reps)``: the median of one callable. ``Clock``: stamps on the
-GPU's timeline or the host's.
+round). ``median_ms(fn, reps)``: the median of one callable; ``per_call_us``: host µs per
+call. ``Clock``: stamps on the GPU's timeline or the host's.
 """
 
 from __future__ import annotations
@@ -59,20 +59,6 @@ def lead_for(host_ms: float, gpu_ms: float, calls: int, margin: float = 1.25) ->
     host issues call j at ``(j + 1) * host``, the GPU starts it at ``lead + j * gpu``."""
     need = host_ms + (calls - 1) * max(0.0, host_ms - gpu_ms)
     return margin * need + 0.02
-
-
-def estimate_ms(ms: dict, host: dict, args, extra_calls: int = 4) -> float:
-    """--dry-run's GPU ms of one row of ``round_robin`` (implementation -> modelled ms per
-    call and host ms per call): warm-up, the estimate calls and every sample with its spin."""
-    calls = {
-        k: args.calls or calls_for(v, args.sample_ms, args.min_calls, args.max_calls)
-        for k, v in ms.items()
-    }
-    lead = min(50.0, max(lead_for(host[k], v, calls[k]) for k, v in ms.items()))
-    return sum(
-        (args.warmup + extra_calls) * max(v, host[k]) + args.rounds * (calls[k] * v + lead)
-        for k, v in ms.items()
-    )
 
 
 _CYCLES_PER_MS = None
@@ -192,10 +178,9 @@ def rr_settings(args) -> dict:
     return {k: getattr(args, k) for k in RR_ARGS if hasattr(args, k)}
 
 
-def median_ms(fn, reps: int, warmup: int = 5, *, cuda: bool = True, isolated: bool = False):
+def median_ms(fn, reps: int, warmup: int = 5, *, cuda: bool = True):
     """Median ms per call of ``fn()`` over ``reps`` calls after ``warmup``: CUDA events
-    around each call, issued back to back (``isolated``: the host waits for each), or
-    ``perf_counter`` on the CPU."""
+    around each call, issued back to back, or ``perf_counter`` on the CPU."""
     for _ in range(warmup):
         fn()
     if not cuda:
@@ -211,10 +196,21 @@ def median_ms(fn, reps: int, warmup: int = 5, *, cuda: bool = True, isolated: bo
         s.record()
         fn()
         e.record()
-        if isolated:
-            e.synchronize()
     torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) for s, e in ev)
+
+
+def per_call_us(fn, calls: int) -> float:
+    """Host µs per call of ``fn`` over ``calls`` calls issued without a sync (the GPU work
+    is tiny: the host is the bottleneck), after up to 200 warm-up calls."""
+    for _ in range(min(200, calls)):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter_ns()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter_ns() - t0) / calls / 1e3
 
 
 class Clock:
@@ -236,3 +232,28 @@ class Clock:
     def sync(self) -> None:
         if self.cuda:
             torch.cuda.synchronize()
+
+
+def _ready(t):
+    """A functional collective's result waited on (its wait is enqueued before a stamp)."""
+    wait = getattr(t, "trigger_wait", None)
+    return wait() if wait is not None else t
+
+
+class Mark(torch.autograd.Function):
+    """Identity that calls ``on_fwd()`` when the forward passes it and ``on_bwd()`` when
+    the gradient does (``wait``: a functional collective's result waited on first)."""
+
+    @staticmethod
+    def forward(ctx, t, on_fwd, on_bwd, wait: bool = False):
+        ctx.on_bwd, ctx.wait = on_bwd, wait
+        t = _ready(t) if wait else t
+        out = t.view(t.shape)
+        on_fwd()
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = _ready(grad) if ctx.wait else grad
+        ctx.on_bwd()
+        return grad, None, None, None

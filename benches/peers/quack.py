@@ -60,7 +60,7 @@ def quack_candidates(Q, a, b, kind, cu, oshape) -> dict:
 
 def quack_host_cost(Q, n=500):
     """Host µs per call of quack's default configuration on the same small packed forward."""
-    from host_cost import per_call_us
+    from harness.timing import per_call_us
 
     E, K, N, T = 8, 128, 128, 256
     x = torch.randn(T, K, device="cuda", dtype=torch.bfloat16)

@@ -1,5 +1,5 @@
-"""SonicMoE, as the benches call it (bench_moe.py times its layer, profile_moe.py profiles
-it): how it is imported (:func:`load_sonic`, optional: absent, the benches say why), the
+"""SonicMoE, as the benches call it (bench_moe.py times its layer, dev/profile_moe.py
+profiles it): how it is imported (:func:`load_sonic`, optional: absent, the benches say why), the
 versions of its stack (:func:`peer_versions`), groupmm's weights in its layout and back
 (:func:`sonic_weights`, :func:`sonic_args`, :func:`to_groupmm_layout`), one forward as
 ``../shared/PEERS.md`` shows (:func:`sonic_forward`), and the layer those tensors define

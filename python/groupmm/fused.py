@@ -77,7 +77,7 @@ import torch
 from torch import Tensor
 
 from . import _checks as check
-from ._fused_backward import _slabs as _slabs  # re-exported (benches/profile_moe.py)
+from ._fused_backward import _slabs as _slabs  # re-exported
 from ._fused_halves import _expert_down, _expert_up
 from ._fused_ops import _gated_down, _GatedDownFn, _swiglu_up, _SwigluUpFn
 from ._glue import swiglu_grad

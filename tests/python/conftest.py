@@ -279,6 +279,17 @@ def load_bench(name):
     return mod
 
 
+def load_dev(name):
+    """A module of dev/ by its import name, dev/ on sys.path after benches/."""
+    load_bench("harness")
+    dev = BENCHES.parent / "dev"
+    if str(dev) not in sys.path:
+        sys.path.insert(1, str(dev))
+    mod = importlib.import_module(name)
+    assert Path(mod.__file__) == dev / f"{name}.py", mod
+    return mod
+
+
 class WallClockEvent:
     """A stand-in for ``torch.cuda.Event`` on the CPU, for the benches' tests: ``record``
     reads the wall clock, ``elapsed_time`` gives milliseconds (at least 1e-6)."""

@@ -56,14 +56,14 @@ def test_config_table_and_selection():
         (2880, 2880, 32, 4),
     ]
     assert configs.GROUPS["layer"] == ("qwen3-30b-a3b", "olmoe", "qwen3-235b-a22b", "gpt-oss-20b")
-    # today's configs keep their names and sizes (README's table, profile_moe.py's default)
+    # today's configs keep their names and sizes (README's table, dev/profile_moe.py's default)
     assert {n: c[n] for n in configs.GROUPS["legacy"]} == {
         "qwen3": (2048, 768, 128, 8),
         "olmoe": (2048, 1024, 64, 8),
         "dsv3-local": (7168, 2048, 32, 8),
         "mixtral": (4096, 14336, 8, 2),
     }
-    for name, v in c.items():  # profile_moe.py unpacks four ints
+    for name, v in c.items():  # dev/profile_moe.py unpacks four ints
         d, f, E, k = v
         assert all(isinstance(t, int) and t > 0 for t in v) and k <= E, name
         assert name in configs.MODELS
@@ -415,11 +415,10 @@ def test_dry_run_and_help_end_to_end():
     for name, T in [(n, t) for n in configs.GROUPS["layer"] for t in (4096, 16384)]:
         assert any(ln.startswith(name) and f"T={T} " in ln for ln in lines[:8]), (name, T)
     assert "router  fwd+bwd d=2880  d_ff=2880  E=32  k=4" in lines[6]
-    assert lines[-1].startswith("8 rows over 4 configs; estimated wall on an H200 ~")
-    assert "SonicMoE warm-ups ~720 s" in lines[-1]
+    assert lines[-1] == "8 rows over 4 configs"
 
 
-def test_estimate_is_a_budget_model(capsys):
+def test_defaults_and_dry_run(capsys):
     args = bench.parse_args([])
     assert (args.rounds, args.configs, args.routing, args.passes) == (
         10,
@@ -427,18 +426,6 @@ def test_estimate_is_a_budget_model(capsys):
         "router",
         "fwd+bwd",
     )
-    cfg = {n: configs.CONFIGS[n] for n in configs.GROUPS["layer"]}
-    plan = bench.plan_rows(cfg, [4096, 16384], ["router"], ["fwd+bwd"])
-    est = bench.estimate_s(plan, args, sonic=True)
-    assert est["rows"] == 8
-    assert est["sonic_warm_s"] == bench.EST_SONIC_FIRST_S + 7 * bench.EST_SONIC_SHAPE_S
-    assert 5 < est["gpu_s"] < 120 and est["total_s"] > est["gpu_s"] + est["sonic_warm_s"]
-    no = bench.estimate_s(plan, args, sonic=False)
-    assert no["sonic_warm_s"] == 0 and no["gpu_s"] < est["gpu_s"]
-    more = bench.estimate_s(plan, bench.parse_args(["--rounds", "20"]), sonic=True)
-    assert more["gpu_s"] > est["gpu_s"]
-    fixed = bench.plan_rows(cfg, [4096], ["uniform"], ["fwd+bwd"])
-    assert bench.estimate_s(fixed, args, sonic=True)["sonic_warm_s"] == 0  # no SonicMoE there
     assert bench.main(["--dry-run", "--configs", "legacy", "--tokens", "4096", "--no-sonic"]) == 0
     out = capsys.readouterr().out
     assert "mixtral" in out and "4 rows over 4 configs" in out and "SonicMoE" not in out

@@ -466,9 +466,7 @@ def test_dry_run_through_main(capsys):
     assert sum(ln.startswith("skip ") for ln in lines) == 10
     assert "skip bf16 T=65536 D=7168 k=16: [R, D] is 14.00 GiB > --max-gib 3" in lines
     last = lines[-1]
-    assert last.startswith("344 rows (10 shapes skipped by --max-gib); estimated wall on an H100 ~")
-    est = float(last.split("~")[1].split()[0])
-    assert 20 < est < 1200
+    assert last.startswith("344 rows (10 shapes skipped by --max-gib; rows that do not fit")
     assert bench.main(["--dry-run", "--quick", "--ops", "gather,scatter", "--dtypes", "bf16"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     n = sum(1 for s in rows_ops.QUICK if s[0] == "bf16")
@@ -482,8 +480,6 @@ def test_dry_run_through_main(capsys):
         list(rows_ops.OPS),
         ["bf16", "fp16", "fp32"],
     )
-    more = bench.estimate_s(rows_ops.plan_rows()[0], bench.parse_args(["--rounds", "20"]))
-    assert more > bench.estimate_s(rows_ops.plan_rows()[0], args)
     for bad in (["--ops", "copy"], ["--dtypes", "fp8"], ["--dims", "x"], ["--topk", "0"]):
         with pytest.raises(SystemExit):
             bench.parse_args(bad)

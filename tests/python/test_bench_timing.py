@@ -355,18 +355,16 @@ def test_render_md_names_the_environment_and_every_row(tmp_path):
     assert gpu_report.render_md(json.loads(p.read_text())) == md
 
 
-def test_estimate_and_dry_run_fit_the_budget(capsys):
+def test_defaults_and_dry_run(capsys):
     args = bench.parse_args([])
     assert args.rounds == 7 and args.select_rounds == 3 and args.passes == "fwd,dX,dW"
     plan = bench.plan_rows(
         shapes.select_shapes(args.shapes), ["fwd", "dX", "dW"], ["uniform", "zipf12"], False
     )
     assert len(plan) == len(shapes.SPECS) * 6
-    est = bench.estimate_s(plan, args, quack=True)
-    assert est["rows"] == len(plan) and est["total_s"] < 360
     assert bench.main(["--dry-run", "--quick", "--shapes", "decode"]) == 0
     out = capsys.readouterr().out
-    assert "olmoe-up-dec" in out and "estimated wall" in out
+    assert "olmoe-up-dec" in out and out.rstrip().endswith(" rows over 6 shapes")
     q = bench.parse_args(["--quick", "--calls", "20"])
     assert q.rounds == 3 and q.calls == 20 and q.max_calls == 20
 
@@ -532,17 +530,14 @@ def test_main_writes_json_md_png_and_honours_the_budget(monkeypatch, tmp_path, c
     assert doc["rows"] == [] and [s["shape"] for s in doc["skipped"]] == ["tiny-a", "tiny-dec"]
 
 
-def test_load_docs_reads_a_comma_list_and_upgrades_each(tmp_path):
-    """--from-json's reader (report.load_docs): every file of the comma list, in order,
-    each through the upgrade function when one is given."""
+def test_load_docs_reads_a_comma_list(tmp_path):
+    """--from-json's reader (report.load_docs): every file of the comma list, in order."""
     paths = []
     for i in range(3):
         path = tmp_path / f"r{i}.json"
         path.write_text(json.dumps({"rows": [i]}))
         paths.append(str(path))
     assert report.load_docs(",".join(paths)) == [{"rows": [0]}, {"rows": [1]}, {"rows": [2]}]
-    up = report.load_docs(paths[1], lambda d: {**d, "upgraded": True})
-    assert up == [{"rows": [1], "upgraded": True}]
     with pytest.raises(FileNotFoundError):
         report.load_docs(str(tmp_path / "missing.json"))
 

@@ -1,5 +1,5 @@
-"""benches/profile_moe.py on the CPU: kernel categories, per-category sums, the row
-summaries, the markdown (benches/harness/report/profile.py), argument parsing, and main()'s flow
+"""dev/profile_moe.py on the CPU: kernel categories, per-category sums, the row
+summaries, the markdown (dev/profile_kernels.py), argument parsing, and main()'s flow
 with the profiler, CUDA and SonicMoE stood in for (the GPU run itself is the lead's)."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import types
 
 import pytest
 import torch
-from conftest import load_bench
+from conftest import load_bench, load_dev
 
 configs = load_bench("harness.configs")
 sonic = load_bench("peers.sonicmoe")
-prof_report = load_bench("harness.report.profile")
-prof = load_bench("profile_moe")
+prof = load_dev("profile_moe")  # puts benches/ on sys.path itself, after dev/
+prof_report = load_dev("profile_kernels")
 
 # kernel names as torch.profiler shows them in a GPU profile; SonicMoE's quack
 # GEMM prefixes as public traces show them, its top-k's name assumed from CuTe DSL's naming
@@ -250,7 +250,7 @@ def test_render_md_fused_against_sonicmoe():
     md = prof_report.render_md(_doc(rows, skipped=skipped))
     lines = md.splitlines()
     assert "Device: NVIDIA H200; torch 2.11.0+cu130; routing router" in md
-    assert "`python3 benches/profile_moe.py --configs layer --md o.md`" in md
+    assert "`python3 dev/profile_moe.py --configs layer --md o.md`" in md
     # fused 7.5 = 5.8 + 1.2 + 0.5 rest; SonicMoE 6.56 = 5.5 + 0.5 + 0.56; gap 0.94 = 0.3 + 0.64
     assert (
         "| qwen3-30b-a3b | 16384 | 7.500 | 6.560 | 5.800 | 1.200 | 0.500 | 5.500 | 0.500 | "

@@ -1,5 +1,5 @@
 """Result files and their rendering, shared by every bench (one module per bench's table
-beside this one: gpu, moe, rows, ep, profile).
+beside this one: gpu, moe, rows, ep).
 
 A result document is one JSON object: ``schema``, ``complete``, ``argv`` (``runs`` once
 several runs are merged), ``started``, the device and versions, then ``rows`` and
@@ -96,13 +96,12 @@ def write_outputs(doc: dict, json_path, md_path, render_md) -> None:
             os.replace(path + ".tmp", path)
 
 
-def load_docs(paths: str, upgrade=None) -> list:
-    """The documents of a comma list of JSON files, each through ``upgrade`` if given."""
+def load_docs(paths: str) -> list:
+    """The documents of a comma list of JSON files."""
     docs = []
     for path in paths.split(","):
         with open(path) as fh:
-            doc = json.load(fh)
-        docs.append(upgrade(doc) if upgrade else doc)
+            docs.append(json.load(fh))
     return docs
 
 
@@ -142,10 +141,10 @@ def one_file(docs: list) -> dict:
     return docs[0]
 
 
-def from_json(args, merge, show, render_md, upgrade=None) -> dict:
+def from_json(args, merge, show, render_md) -> dict:
     """``--from-json``: the files read, merged, shown on stdout (``show``), the merged
     document to ``--json`` when there were several, the markdown to ``--md``."""
-    docs = load_docs(args.from_json, upgrade)
+    docs = load_docs(args.from_json)
     doc = merge(docs)
     show(doc)
     if getattr(args, "json", None) and len(docs) > 1:
@@ -313,12 +312,11 @@ def with_spread(row: dict, k: str, v, spec: str, sep: str = " ") -> str:
     return format(v, spec) + (f"{sep}±{sp / 2:.1f}%" if sp is not None else "")
 
 
-def ratio_range(v, p, bold=False) -> str:
+def ratio_range(v, p) -> str:
     """A ratio and, with round-by-round ratios ``p``, their min–max."""
     if v is None:
         return "-"
-    s = f"**{v:.2f}**" if bold else f"{v:.2f}"
-    return s + (f" ({p['min']:.2f}–{p['max']:.2f})" if p else "")
+    return f"{v:.2f}" + (f" ({p['min']:.2f}–{p['max']:.2f})" if p else "")
 
 
 def no_figure_lines(rows, label, name=lambda k: k) -> list:

@@ -172,38 +172,37 @@ def label(row: dict) -> str:
 
 
 def format_line(row: dict, name: str) -> str:
-    """One progress line: an implementation's numbers on a row."""
+    """One progress line: an implementation's row of the step table."""
     v = row["impls"][name]
     ph = v["phases_ms"]
-    eff = f"  EP efficiency {fmt(v['ep_efficiency'])}" if v.get("ep_efficiency") else ""
-    return (
-        f"{label(row):28} {name:10} step {fmt(v['step_ms'], '8.3f')} ms  "
-        f"{fmt_rate(v['tokens_per_s_per_gpu']):>7} tok/s/GPU  "
-        + " ".join(f"{p} {fmt(ph.get(p), '.3f')}" for p in PHASES)
-        + f"{eff}  vs torchtitan {fmt(v['vs_torchtitan'])}x"
-    )
+    cells = [config_cell(row), row["routing"], str(row["world"]), LABELS[name]]
+    cells += [rp.ratio_range(v.get("ep_efficiency"), v.get("ep_efficiency_rounds"))]
+    cells += [fmt(v["step_ms"]), fmt_rate(v["tokens_per_s_per_gpu"])]
+    cells += [fmt(ph.get(q)) for q in PHASES]
+    cells += [rp.ratio_range(v["vs_torchtitan"], v.get("vs_torchtitan_rounds"))]
+    return md_row(cells + [fmt(row.get("recv_imbalance"))])
 
 
 def bandwidth_lines(row: dict) -> list:
-    """Progress lines: the row's all-to-all bandwidth and the exchanges of groupmm's
-    fused EP paths."""
-    out = []
+    """The row's lines of the bandwidth table: the all-to-all measurements and the
+    exchanges of groupmm's fused EP paths."""
+    head, out = [config_cell(row), row["routing"], str(row["world"])], []
     for key, what in ALLTOALL.items():
         a = (row.get("alltoall") or {}).get(key)
         if a:
-            out.append(
-                f"{what}: {a['rows']} rows/rank, {fmt_mb(a['bytes_off_rank'])} MB off-rank, "
-                f"{fmt(a['ms'], '.3f')} ms, {fmt_gbps(a['gb_per_s'])} GB/s per rank"
-            )
+            cells = [what, str(a["rows"]), "-", fmt_mb(a["bytes_off_rank"])]
+            cells += [fmt(a["ms"], ".3f"), fmt_gbps(a["gb_per_s"])]
+            out.append(md_row(head + cells))
     for n in EXCHANGED:
         x = (row["impls"].get(n) or {}).get("exchange")
-        if x:
-            out.append(
-                f"{n} step: dispatch rows/rank {fmt(_mean(x['dispatch_rows']), '.0f')}, "
-                f"return {fmt(_mean(x['return_rows']), '.0f')}, "
-                f"{fmt_mb(_mean(x['step_bytes_off']))} MB off-rank per step, dispatch phase "
-                f"{fmt_gbps(x.get('achieved_gb_per_s'))} GB/s (lower bound)"
-            )
+        if not x:
+            continue
+        gb = x.get("achieved_gb_per_s")
+        cells = [f"{LABELS[n]}: dispatch phase", fmt(_mean(x["dispatch_rows"]), ".0f")]
+        cells += [fmt(_mean(x["return_rows"]), ".0f"), fmt_mb(_mean(x["phase_bytes_off"]))]
+        cells += [fmt(row["impls"][n]["phases_ms"].get("dispatch"), ".3f")]
+        cells += ["-" if gb is None else fmt_gbps(gb) + " (lower bound)"]
+        out.append(md_row(head + cells))
     return out
 
 
@@ -254,25 +253,7 @@ def render_md(doc: dict) -> str:
         "| recv rows max/mean |",
         "| --- | --- | ---: | --- |" + " ---: |" * 8,
     ]
-    for r in rows:
-        for n in IMPLS:
-            v = r["impls"].get(n)
-            if v is None:
-                continue
-            ph = v["phases_ms"]
-            cells = [
-                config_cell(r),
-                r["routing"],
-                str(r["world"]),
-                LABELS[n],
-                rp.ratio_range(v.get("ep_efficiency"), v.get("ep_efficiency_rounds")),
-                fmt(v["step_ms"]),
-                fmt_rate(v["tokens_per_s_per_gpu"]),
-                *(fmt(ph.get(q)) for q in PHASES),
-                rp.ratio_range(v["vs_torchtitan"], v.get("vs_torchtitan_rounds")),
-                fmt(r.get("recv_imbalance")),
-            ]
-            out.append(md_row(cells))
+    out += [format_line(r, n) for r in rows for n in IMPLS if n in r["impls"]]
     out += [
         "",
         "EP efficiency: the whole layer's step on one GPU (every expert, this rank's tokens, "
@@ -324,25 +305,7 @@ def efficiency_md(rows) -> list:
 def bandwidth_md(rows) -> list:
     """The bandwidth table: per row the all-to-all measurements and the exchanges of
     groupmm's fused EP paths; no lines when no row has them."""
-    lines = []
-    for r in rows:
-        head = [config_cell(r), r["routing"], str(r["world"])]
-        for key, what in ALLTOALL.items():
-            a = (r.get("alltoall") or {}).get(key)
-            if a:
-                cells = [what, str(a["rows"]), "-", fmt_mb(a["bytes_off_rank"])]
-                cells += [fmt(a["ms"], ".3f"), fmt_gbps(a["gb_per_s"])]
-                lines.append(md_row(head + cells))
-        for n in EXCHANGED:
-            x = (r["impls"].get(n) or {}).get("exchange")
-            if not x:
-                continue
-            gb = x.get("achieved_gb_per_s")
-            cells = [f"{LABELS[n]}: dispatch phase", fmt(_mean(x["dispatch_rows"]), ".0f")]
-            cells += [fmt(_mean(x["return_rows"]), ".0f"), fmt_mb(_mean(x["phase_bytes_off"]))]
-            cells += [fmt(r["impls"][n]["phases_ms"].get("dispatch"), ".3f")]
-            cells += ["-" if gb is None else fmt_gbps(gb) + " (lower bound)"]
-            lines.append(md_row(head + cells))
+    lines = [ln for r in rows for ln in bandwidth_lines(r)]
     if not lines:
         return []
     return [

@@ -1,4 +1,4 @@
-"""bench_gpu.py's rows, summaries and tables (md_table.py renders the same rows)."""
+"""bench_gpu.py's rows, summaries and tables."""
 
 from __future__ import annotations
 

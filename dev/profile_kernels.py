@@ -192,7 +192,7 @@ def render_md(doc: dict) -> str:
         f"{doc.get('routing')}; forward+backward, ms of kernels per step (device time, "
         f"mean of {doc.get('steps')} profiled steps after {doc.get('warmup')} warm-up steps).",
         "",
-        f"Command: `python3 benches/profile_moe.py {' '.join(doc.get('command', []))}`",
+        f"Command: `python3 dev/profile_moe.py {' '.join(doc.get('command', []))}`",
         "",
     ]
     if doc.get("sonicmoe_why"):
@@ -221,7 +221,7 @@ def render_md(doc: dict) -> str:
         "",
         "rest = routing + elementwise + other; gap = fused - SonicMoE (> 0: fused is "
         "behind), split as gemm + non-gemm. Categories: `KERNEL_PATTERNS` in "
-        "benches/harness/report/profile.py.",
+        "dev/profile_kernels.py.",
         "",
         "| config | T | impl | total ms | " + " | ".join(CATEGORIES) + " |",
         "| --- | ---: | --- | ---: | " + " | ".join(["---:"] * len(CATEGORIES)) + " |",

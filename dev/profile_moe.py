@@ -1,13 +1,13 @@
 """Where a whole MoE layer's step goes, kernel by kernel: torch.profiler over forward+backward
 steps of bench_moe.py's layers (fused ``MoELayer``, SonicMoE, and optionally the unfused,
 torch-gmm and plain layers), each kernel in a category (gemm, rows, routing, elementwise,
-other), per config and tokens.
+other), per config and tokens: a kernel development tool (bench_moe.py times the layers).
 
-    python3 benches/profile_moe.py [--configs qwen3|layer|NAME,...] [--tokens 4096,16384]
+    python3 dev/profile_moe.py [--configs qwen3|layer|NAME,...] [--tokens 4096,16384]
         [--routing router|uniform|skewed] [--impls fused,sonicmoe,groupmm,torch-gmm,plain]
         [--steps 5] [--warmup 3] [--top 22] [--json out.json] [--md out.md]
-    python3 benches/profile_moe.py --dry-run [...]                  # the rows; no GPU
-    python3 benches/profile_moe.py --from-json out.json [--md out.md]  # render; no GPU
+    python3 dev/profile_moe.py --dry-run [...]                  # the rows; no GPU
+    python3 dev/profile_moe.py --from-json out.json [--md out.md]  # render; no GPU
 """
 
 from __future__ import annotations
@@ -15,17 +15,21 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 
-import groupmm
-import peers.sonicmoe as sonic
-import torch
-from bench_moe import build_impls, row_inputs
-from groupmm.moe import MoELayer
-from harness.cli import comma_list, line_buffered_stdout, parser
-from harness.configs import CONFIGS, MODELS, ROUTINGS, select_configs
-from harness.report import error_text, from_json, one_file, started
-from harness.report.moe import IMPLS
-from harness.report.profile import (
+# bench_moe.py's layers and the benches' harness, as when run from benches/
+sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "benches"))
+
+import groupmm  # noqa: E402
+import peers.sonicmoe as sonic  # noqa: E402
+import torch  # noqa: E402
+from bench_moe import build_impls, row_inputs  # noqa: E402
+from groupmm.moe import MoELayer  # noqa: E402
+from harness.cli import comma_list, line_buffered_stdout, parser  # noqa: E402
+from harness.configs import CONFIGS, MODELS, ROUTINGS, select_configs  # noqa: E402
+from harness.report import error_text, from_json, one_file, started  # noqa: E402
+from harness.report.moe import IMPLS  # noqa: E402
+from profile_kernels import (  # noqa: E402
     KERNEL_PATTERNS,
     kernel_block,
     kernel_table,
