@@ -22,8 +22,9 @@ pub enum OperandKind {
     Like,
     /// float32 on the first operand's device, made contiguous; what it is, for messages.
     F32(&'static str),
-    /// A second weight: the first operand's dtype and device, read in place with `b`'s
-    /// strides (where its strides differ from `b`'s, no kernel runs: the caller composes).
+    /// A second weight (at most one per rule): the first operand's dtype and device, read
+    /// in place with `b`'s strides (where its strides differ from `b`'s, no kernel runs:
+    /// the caller composes).
     Weight,
 }
 

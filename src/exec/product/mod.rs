@@ -35,7 +35,7 @@ use super::vocab::{contiguous, contiguous_int32, Device, IntTensor, Runtime, Ten
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::layout::Transposable;
-use crate::shape::{Form, Gathered, OperandKind, PackedDims};
+use crate::shape::{Epilogue, Form, Gathered, OperandKind, PackedDims};
 use std::borrow::Cow;
 use target::Target;
 use validate::{c_shape, validate};
@@ -106,16 +106,25 @@ pub unsafe fn product<R: Runtime>(
         return Ok(None);
     }
     let src = src.map(|(s, _)| contiguous_int32(rt, s)).transpose()?;
-    let kinds = epilogue.rule.map(|e| e.operands);
-    let mut i = 0;
-    let epilogue = epilogue.try_map(|t| {
-        let kind = kinds.and_then(|k| k.get(i)).map(|r| r.kind);
-        i += 1;
-        match kind {
-            Some(OperandKind::Weight) => Ok(ops.t[2].clone()),
-            _ => contiguous(rt, t),
-        }
-    })?;
+    // the rest made contiguous, by position
+    let mut prepared = Epilogue {
+        rule: epilogue.rule,
+        ..Epilogue::default()
+    };
+    let listed = epilogue.rule.map_or(&[][..], |e| e.operands);
+    for ((slot, o), r) in prepared
+        .operands
+        .iter_mut()
+        .zip(epilogue.operands)
+        .zip(listed)
+    {
+        *slot = match o {
+            None => None,
+            Some(_) if r.kind == OperandKind::Weight => Some(ops.t[2].clone()),
+            Some(t) => Some(contiguous(rt, t)?),
+        };
+    }
+    let epilogue = prepared;
     // GroupedK on CUDA reads its first operand (transposed, as the backward's dB = aᵀ·grad
     // reads it) and the gathered one row-major (the bridge's `Fusion`); rows gathered
     // below are read from the same tensors (no second copy).
