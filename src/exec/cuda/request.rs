@@ -142,12 +142,10 @@ impl Fusion<'_> {
             .map(|o| o.map_or(0, ptr))
             .chain(self.outputs.iter().map(|t| ptr(t)));
         let mut operands = [0; 6];
-        let mut n = 0;
-        for a in addrs {
+        for (n, a) in addrs.enumerate() {
             *operands.get_mut(n).ok_or_else(|| {
                 Error::Cuda("internal: an epilogue with more than 6 operands".into())
             })? = a;
-            n += 1;
         }
         Ok(ffi::Fusion {
             src: self.src.map_or(0, |o| o.ptr as u64),

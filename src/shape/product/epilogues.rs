@@ -144,7 +144,7 @@ pub fn check_operands<T>(e: &EpilogueRule, given: &[Option<T>]) -> Result<()> {
         )));
     }
     for (i, o) in e.operands.iter().enumerate() {
-        if !o.optional && given.get(i).is_none_or(Option::is_none) {
+        if !o.optional && !matches!(given.get(i), Some(Some(_))) {
             return Err(Error::Type(format!(
                 "operands: the {} epilogue needs {} (operand {i} of ({})), found none",
                 e.name,
