@@ -65,16 +65,16 @@ def run_config(name, T, layout, settings):
         block(both)
 
     fwd = {
-        "concat": lambda: _native.swiglu_mm(x, cat, offs, src),
-        "pair": lambda: _native.swiglu_mm(x, gate, offs, src, up),
+        "concat": lambda: _native.product("swiglu", x, cat, offs, (), src),
+        "pair": lambda: _native.product("swiglu", x, gate, offs, (up,), src),
     }
     step = {
         "concat": lambda: block(leaves["cat"]),
         "pair": lambda: block((leaves["gate"], leaves["up"])),
         "cat/step": cat_each_step,
     }
-    got = _native.swiglu_mm(x, gate, offs, src, up)
-    want = _native.swiglu_mm(x, cat, offs, src)
+    got = _native.product("swiglu", x, gate, offs, (up,), src)
+    want = _native.product("swiglu", x, cat, offs, (), src)
     same = got is not None and torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     f_res, _ = round_robin(fwd, **settings)
     s_res, _ = round_robin(step, **settings)

@@ -1,8 +1,9 @@
 // Element types, packed forms and fused epilogues. The Rust bridge (src/exec/ffi.rs)
-// declares these enums as extern C++ enums: this header is the definition, and cxx checks at
+// declares the enums as extern C++ enums: this header is the definition, and cxx checks at
 // compile time that the Rust variants match. Plain C++: host code and kernels include it.
 #pragma once
 #include <cstdint>
+#include <string_view>
 
 namespace gmm {
 
@@ -11,9 +12,10 @@ enum class DType : uint8_t { F16 = 0, BF16 = 1, F32 = 2, F64 = 3 };
 // The packed forms of src/shape/packed.rs (Form).
 enum class Form : uint8_t { GroupedM = 0, GroupedK = 1, GroupedN = 2, Batched = 3 };
 
-// What a GroupedM product's epilogue does beyond storing c = a . b (src/exec/ffi.rs,
-// Fusion): the routed SwiGLU expert block's forward and backward halves, and a per-row scale.
-enum class Epilogue : uint8_t { Plain = 0, SwiGLU = 1, DGated = 2, RowScale = 3 };
+// What a GroupedM product's epilogue does beyond storing c = a . b, by name: the name of its
+// rule (src/shape/product/epilogues.rs), which the bridge carries (src/exec/ffi.rs, Fusion),
+// and of its policy (kEpi, kernels/varlen/epilogue/<name>.h); empty: the plain store.
+using Epilogue = std::string_view;
 
 // The values of the device's deferred error flag (host/device.h), which kernels raise instead
 // of failing: invalid offs, or a routed-row index (Fusion::src) out of range. Any nonzero

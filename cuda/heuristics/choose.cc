@@ -209,11 +209,11 @@ varlen::Config fused_config(varlen::Gather g, Epilogue epi) {
       env_choice("GROUPMM_SM90_SWIGLU", kSwigluNames);
   static const std::optional<varlen::Config> dgated =
       env_choice("GROUPMM_SM90_DGATED", kDgatedNames);
-  if (epi == Epilogue::SwiGLU) {
+  if (epi == "swiglu") {
     const varlen::Config c = forced.value_or(kSwigluNames[1].value);
     return varlen::Config{varlen::Mode::M, c.schedule, c.bn, g, epi};
   }
-  if (epi == Epilogue::DGated && g == varlen::Gather::A) {
+  if (epi == "dgated" && g == varlen::Gather::A) {
     const varlen::Config c = dgated.value_or(kDgatedNames[1].value);
     return varlen::Config{varlen::Mode::M, c.schedule, c.bn, g, epi};
   }
@@ -251,7 +251,7 @@ PackedChoice choose_packed(const PackedCall& c, const DevInfo& dev) {
   const bool sm90 = en.has_primary && en.primary == Engine::kSm90Tma;
   const bool gather = c.gather != varlen::Gather::None;
   if (sm90 && c.varlen != nullptr && varlen::can_read(*c.varlen) && c.in == c.out) {
-    if (c.epi != Epilogue::Plain) {
+    if (!c.epi.empty()) {
       // The fused epilogues (fused_config); on gathered rows only when in-GEMM gathering is
       // on (otherwise the caller gathers first). On gathered rows the caller's composition
       // (the gathering cooperative 128 x 256 product, then the SwiGLU row op) was tried
@@ -260,6 +260,8 @@ PackedChoice choose_packed(const PackedCall& c, const DevInfo& dev) {
       // cooperative 128 x 256 kernel now beats both.
       if (!gather || gather_in_gemm()) {
         ch.varlen = find_varlen(c.in, fused_config(c.gather, c.epi));
+        // the epilogue's own clause of can_read (its argument block's, epilogue/<name>.h)
+        if (ch.varlen != nullptr && !ch.varlen->epi_reads(*c.varlen)) ch.varlen = nullptr;
       }
     } else if (gather && c.varlen->mode == varlen::Mode::K) {
       if (gather_in_gemm()) ch.varlen = find_varlen(c.in, gather_k_config(c.gather));
@@ -273,7 +275,7 @@ PackedChoice choose_packed(const PackedCall& c, const DevInfo& dev) {
     }
     if (ch.varlen != nullptr) return ch;
   }
-  if (gather || c.epi != Epilogue::Plain) {  // only the varlen kernels gather or fuse
+  if (gather || !c.epi.empty()) {  // only the varlen kernels gather or fuse
     ch.unsupported = true;
     return ch;
   }

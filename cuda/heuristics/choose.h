@@ -41,8 +41,8 @@ struct PackedCall {
   // The request's fusion asks for one operand's rows through a routed-row index (GroupedM:
   // A; GroupedK: A = x^T or B = dY).
   varlen::Gather gather = varlen::Gather::None;
-  // The request's fusion asks for a fused epilogue (GroupedM; kernels/varlen/args.h).
-  Epilogue epi = Epilogue::Plain;
+  // The request's fusion asks for a fused epilogue, by name (GroupedM; empty: none).
+  Epilogue epi = {};
   // The call as the varlen kernels would read it, or null when its layouts are not theirs
   // (GroupedM with row-major A; GroupedK with x^T and row-major dY).
   const varlen::Args* varlen = nullptr;

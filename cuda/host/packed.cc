@@ -12,7 +12,6 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
-#include <variant>
 
 namespace gmm {
 namespace {
@@ -30,32 +29,17 @@ std::string context(const PackedRequest& r) {
          std::to_string(r.device) + "): ";
 }
 
-// The fusion's epilogue as the varlen kernels read it: its block of the arguments
-// (kernels/varlen/epilogue/<name>.h).
-varlen::EpiArgs epi_args(const Fusion& f) {
-  switch (f.epilogue) {
-    case Epilogue::Plain: break;
-    case Epilogue::SwiGLU: {
-      varlen::SwigluArgs e;
-      e.act = reinterpret_cast<void*>(f.act);
-      e.up = reinterpret_cast<const void*>(f.up);
-      return e;
-    }
-    case Epilogue::DGated: {
-      varlen::DgatedArgs e;
-      e.act = reinterpret_cast<void*>(f.act);
-      e.pre = reinterpret_cast<const void*>(f.pre);
-      e.scale = reinterpret_cast<const float*>(f.scale);
-      e.partial = reinterpret_cast<float*>(f.partial);
-      return e;
-    }
-    case Epilogue::RowScale: {
-      varlen::RowScaleArgs e;
-      e.scale = reinterpret_cast<const float*>(f.scale);
-      return e;
-    }
-  }
-  return varlen::PlainArgs{};
+// The fusion's epilogue name (the bridge's &str, valid for the call).
+Epilogue epilogue_of(const Fusion& f) { return Epilogue(f.epilogue.data(), f.epilogue.size()); }
+
+// The fusion's epilogue operands as the varlen kernels read them: by position, in the order
+// of the epilogue's rule (its policy's argument block reads them, epilogue/<name>.h).
+varlen::EpiOperands epi_operands(const Fusion& f) {
+  varlen::EpiOperands o;
+  static_assert(varlen::kEpiOperands == sizeof(f.operands) / sizeof(f.operands[0]),
+                "the bridge's Fusion::operands and varlen::kEpiOperands disagree");
+  for (int i = 0; i < varlen::kEpiOperands; ++i) o.at[i] = f.operands[i];
+  return o;
 }
 
 // The call as the varlen kernels would read it (kernels/varlen/args.h): a GroupedM call with
@@ -82,7 +66,7 @@ bool varlen_args(const PackedRequest& r, const PackedDesc& d, const PackedPlan& 
     x.gather_op = r.fusion.src_b ? varlen::Gather::B : varlen::Gather::A;
     x.gathered_rows = r.fusion.src_b ? r.b.rows : x.mode == varlen::Mode::M ? r.a.rows : r.a.cols;
   }
-  x.epi = epi_args(r.fusion);
+  x.epi = epi_operands(r.fusion);
   x.b = reinterpret_cast<const void*>(d.b.ptr);
   x.ldb = d.b.ld;
   x.ldb_batch = d.b.bs;
@@ -142,7 +126,7 @@ PackedPlan plan_packed(const PackedRequest& r, const DevInfo& dev) {
   call.gather = r.fusion.src == 0 ? varlen::Gather::None
                 : r.fusion.src_b  ? varlen::Gather::B
                                   : varlen::Gather::A;
-  call.epi = r.fusion.epilogue;
+  call.epi = epilogue_of(r.fusion);
   if (varlen_args(r, d, pl, pl.va)) call.varlen = &pl.va;
   const PackedChoice choice = choose_packed(call, dev);
   pl.unsupported = choice.unsupported;
@@ -247,11 +231,8 @@ PackedSubmit submit_packed(const PackedRequest& r, uint64_t workspace, size_t wo
     if (r.fusion.src_b && r.form != Form::GroupedK) {
       throw std::runtime_error("internal: gathered B rows (fusion.src_b) need the GroupedK form");
     }
-    if (r.fusion.epilogue != Epilogue::Plain &&
-        (r.form != Form::GroupedM ||
-         !std::visit([](const auto& e) { return e.given(); }, epi_args(r.fusion)))) {
-      throw std::runtime_error(
-          "internal: a fused epilogue needs the GroupedM form and its operands");
+    if (!epilogue_of(r.fusion).empty() && r.form != Form::GroupedM) {
+      throw std::runtime_error("internal: a fused epilogue needs the GroupedM form");
     }
     // The deferred error flag, once per call: a retry on rows the call gathered itself
     // (flag_taken) leaves that gather's index error for the next call.

@@ -50,6 +50,9 @@ struct KernelEntry {
   // offs on the device itself (no GemmSet, no argument builder, no workspace).
   varlen::Config varlen = {};
   std::string (*run_varlen)(const varlen::Args& x) = nullptr;
+  // kSm90Varlen only: whether its epilogue is given its operands and can read them
+  // (its argument block's given() and can_read clause, epilogue/<name>.h).
+  bool (*epi_reads)(const varlen::Args& x) = nullptr;
 };
 
 // The entries of one kernels/<stem>.cu file.

@@ -43,11 +43,11 @@ def _dgated_run(
     s·silu(g)·u`` (``[R, F]``, the down projection's input scaled by the router weight)
     and ``row_grad[r] = sum_f p[r, f]·silu(g)·u`` (``[R]`` in ``scale``'s dtype: each
     row's router-weight gradient). One native call where a fused kernel runs
-    (``_native.dgated_mm``, which never stores ``p``; ``dpre`` written into ``out`` when
+    (``_native.product("dgated")``, which never stores ``p``; ``dpre`` written into ``out`` when
     given, which may be ``pre`` itself), else :func:`_dgated_composed` (a fresh ``dpre``,
     ``out`` untouched)."""
     if scale.dtype == torch.float32:  # the kernels' scale (float64 blocks: no kernel)
-        got = _native.dgated_mm(dy, w_out, offs, pre, scale, src, out)
+        got = _native.product("dgated", dy, w_out, offs, (pre, scale), src, out)
         if got is not None:
             dpre, act_s, partial = got  # partial: float32 [ceil(F/64), R] per column tile
             return dpre, act_s, partial.sum(0)

@@ -38,11 +38,12 @@ def _swiglu_mm(
     """``(pre, act)``: ``pre = x[src] @ w[g]`` (``[R, 2F]``, ``[gate | up]``; ``x @ w[g]``
     without ``src``; with ``up``, ``w`` is the gate ``[E, D, F]`` and ``pre = x[src] @
     [w[g] | up[g]]``) and ``act = silu(gate) * up`` (``[R, F]``). One native call where a
-    fused kernel runs (``_native.swiglu_mm``: the two weights read as two operands), else
+    fused kernel runs (``_native.product("swiglu")``: the two weights read as two operands), else
     the gathered products and the row op. Real tensors only (op implementations)."""
-    got = _native.swiglu_mm(x, w, offs, src, up)
+    got = _native.product("swiglu", x, w, offs, (up,), src)
     if got is not None:
-        return got
+        pre, act = got
+        return pre, act
     pre = _gathered_mm(x, w, offs, src)
     if up is not None:
         pre = torch.cat([pre, _gathered_mm(x, up, offs, src)], 1)

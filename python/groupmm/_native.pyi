@@ -16,7 +16,6 @@ __all__ = [
     "TOPK_CUDA_MAX_COLS",
     "__version__",
     "build_info",
-    "dgated_mm",
     "gather_k_mm",
     "gather_mm",
     "gather_sum",
@@ -27,14 +26,13 @@ __all__ = [
     "grouped_mm_list_backward",
     "list_out_shapes",
     "packed_out_shape",
+    "product",
     "row_dots",
-    "row_scaled_mm",
     "scatter_rows",
     "set_sm_limit",
     "sm_limit",
     "swiglu",
     "swiglu_backward",
-    "swiglu_mm",
     "take_offs_error",
     "topk_ids",
 ]
@@ -197,71 +195,31 @@ def gather_k_mm(
 # (groupmm.fused). Never a host sync: a bad ``offs`` is reported at the next call, as by
 # grouped_mm.
 
-def swiglu_mm(
-    x: _Rows, w: _Rows, offs: _Rows, src: Optional[_Rows] = None, up: Optional[_Rows] = None
-) -> Optional[Tuple[_Rows, _Rows]]:
-    """The up projection and SwiGLU of a routed expert block: ``(pre, act)`` with
-    ``pre[r] = x[src[r]] @ w[g]`` (``[R, 2F]``, ``[gate | up]``) for the rows ``r`` of
-    group ``g`` and ``act = silu(gate) * up`` (``[R, F]``, from the float32 product),
-    contiguous, ``x``'s dtype; rows past ``offs[-1]`` are zeros.
-
-    ``x [T, K]``; ``w [E, K, 2F]`` of any strides (either major); ``offs`` int32 ``[E]``;
-    ``src`` any integer ``[R]`` (the token of each row; out-of-range values read zero rows
-    and are reported at the next call), absent: ``R = T``, the rows of ``x`` in order. The
-    rows are read through ``src`` inside the GEMM where a kernel does (on Hopper unless
-    ``GROUPMM_SM90_GATHER=0``), else gathered first as :func:`gather_mm` does.
-    With ``up`` (``[E, K, F]``, ``w``'s shape): ``w`` is the gate's weights and ``up`` the
-    up projection's, read as two operands (``pre[r] = x[src[r]] @ [w[g] | up[g]]``, no
-    concatenated copy); None also where ``up``'s strides differ from ``w``'s.
-    ValueError for an odd ``w.shape[-1]`` (without ``up``) or shapes that do not fit,
-    TypeError and RuntimeError for dtypes and devices unlike ``x``'s."""
-
-def dgated_mm(
-    dy: _Rows,
+def product(
+    epilogue: str,
+    x: _Rows,
     w: _Rows,
     offs: _Rows,
-    pre: _Rows,
-    scale: _Rows,
+    operands: Optional[Sequence[Optional[_Rows]]] = None,
     src: Optional[_Rows] = None,
     out: Optional[_Rows] = None,
-) -> Optional[Tuple[_Rows, _Rows, _Rows]]:
-    """The backward of a routed SwiGLU expert's down projection through its router weight:
-    with ``p = dy[src] @ w[g].T`` (float32 ``[R, F]``, never stored), ``gate, up = pre[:, :F],
-    pre[:, F:]``, ``s = scale[:, None]``, ``σ = sigmoid(gate)``: ``(dpre, act, partial)``,
-    ``dpre = [s·p·up·σ·(1 + gate·(1 − σ)) | s·p·gate·σ]`` (``[R, 2F]``), ``act =
-    s·silu(gate)·up`` (``[R, F]``), both ``dy``'s dtype, and float32 ``partial``
-    ``[ceil(F / 64), R]`` whose column sums ``partial.sum(0)[r] = Σ_j p[r, j]·silu(gate)·up``
-    are the router weights' gradient (no atomics); contiguous; rows past ``offs[-1]`` are
-    zeros in every output.
+) -> Optional[List[_Rows]]:
+    """A GroupedM product with the fused epilogue named ``epilogue`` (a rule entry of
+    src/shape/product/epilogues.rs, which lists its operands, its outputs and what it
+    computes): every output, the first one first, contiguous, or None where no kernel runs
+    it (the CPU, before anything is read or allocated; a device or layout no fused kernel
+    takes) — the caller composes it then.
 
-    ``dy [R, D]``, or with ``src`` (any integer ``[R]``, the token of each routed row)
-    ``dy [T, D]`` in token order, row ``r`` of the product reading ``dy[src[r]]``
-    (out-of-range values read zero rows and are reported at the next call; on the CPU the
-    answer is None before any index is read); ``w [E, F, D]`` the down projection's
-    weight, any strides; ``offs`` int32 ``[E]``; ``pre [R, 2F]`` of ``dy``'s dtype (the
-    saved pre-activation, copied contiguous if it is not); ``scale`` float32 ``[R]`` (each
-    row's router weight). With ``src`` the rows are read through it inside the GEMM where
-    a kernel does, else gathered first as :func:`gather_mm` does. ``out``: ``dpre`` is
-    written there (``[R, 2F]``, ``dy``'s dtype) and returned as the first item; it may be
-    ``pre`` itself (same address and layout: each tile reads its part of ``pre`` before
-    writing the same part) and must not otherwise share memory with an input; left as it
-    was when the answer is None.
-    ValueError for shapes that do not fit, TypeError for a ``scale`` that is not float32
-    or dtypes unlike ``dy``'s, RuntimeError for devices unlike ``dy``'s."""
-
-def row_scaled_mm(
-    x: _Rows, w: _Rows, offs: _Rows, scale: _Rows, src: Optional[_Rows] = None
-) -> Optional[_Rows]:
-    """A GroupedM product scaled per row: ``out[r] = scale[r] * (x[src[r]] @ w[g])`` for
-    the rows ``r`` of group ``g`` (``[R, N]``, ``x``'s dtype, contiguous, rounded once from
-    the float32 product; rows past ``offs[-1]`` are zeros), or None where no kernel runs it
-    (the CPU; nothing is read or allocated) — the caller composes it then.
-
-    ``x [T, K]``; ``w [E, K, N]`` any strides; ``offs`` int32 ``[E]``; ``scale`` float32
-    ``[R]``; ``src`` any integer ``[R]`` (the row of ``x`` of each routed row; absent:
-    ``R = T``, the rows in order). ValueError for shapes that do not fit, TypeError for a
-    ``scale`` that is not float32 or dtypes unlike ``x``'s, RuntimeError for devices unlike
-    ``x``'s."""
+    ``x`` (named as the rule names it in messages, e.g. ``dy``) ``[T, K]``; ``w`` ``[E, K,
+    N]`` (or ``[E, N, K]`` where the rule reads it transposed) of any strides; ``offs`` int32
+    ``[E]``; ``operands`` the rule's, in its order (None for an absent optional one);
+    ``src`` any integer ``[R]`` (the row of ``x`` of each routed row, read inside the GEMM
+    where a kernel does, else gathered first; out-of-range values read zero rows and are
+    reported at the next call), absent: ``R = T``, the rows in order; ``out``: the first
+    output is written there instead (an operand itself only where the rule allows it).
+    TypeError for an unknown ``epilogue``, missing operands or dtypes unlike ``x``'s (or
+    float32 where the rule says so), ValueError for shapes that do not fit, RuntimeError for
+    devices unlike ``x``'s."""
 
 # The row ops of the MoE glue (src/shape/rows.rs): ``inverse [T, k]`` is the row of each
 # token's ``j``-th choice, any integer dtype; operands of any layout (copied contiguous

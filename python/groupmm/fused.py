@@ -9,8 +9,9 @@ GEMMs has one place to be fused into them:
 - :func:`expert_up`: its up half, ``act`` (gather, up projection, SwiGLU);
 - :func:`expert_down`: its down half, ``out`` from ``act`` (down projection, router
   weights, combine);
-- :func:`row_scaled_mm`: a grouped product scaled per row (e.g. router weights in the down
-  projection), in the GEMM's epilogue on Hopper (``groupmm._row_scale``).
+- the products with one fused epilogue each, ``groupmm._epilogue_ops``'s ``__all__``
+  (e.g. a grouped product scaled per row: router weights in the down projection, in the
+  GEMM's epilogue on Hopper), re-exported here whole.
 
 Each op (``torch.ops.groupmm.swiglu_up`` and ``gated_down``, which make
 :func:`expert_block`, in ``groupmm._fused_ops``, their backward's arithmetic in
@@ -27,15 +28,15 @@ What runs, in :func:`expert_block` (two ops, split so that autograd frees ``pre`
 as the down projection's backward is done):
 
 - op ``swiglu_up``, forward: ``pre = x[src] @ w_in[g]`` and ``act = silu(gate) * up`` as
-  ONE native call, ``_native.swiglu_mm`` (on Hopper one kernel with a SwiGLU epilogue,
+  ONE native call, ``_native.product("swiglu")`` (on Hopper one kernel with a SwiGLU epilogue,
   rows of ``x`` read through ``src``: no ``[R, D]`` copy of ``x``). ``act`` is marked
   non-differentiable (``gated_down``'s backward returns the whole gradient of ``pre``).
   Saves ``x``, ``w_in`` and the indices, not ``pre``.
 - op ``gated_down``, forward: the down projection (``grouped_mm(act, w_out)``) and the
   weighted combine (the row op ``gather_sum``). Saves ``pre``, ``w_out``, the indices and
   the router weights, not ``act``.
-- backward of ``gated_down`` (autograd runs it first): ``_native.dgated_mm`` ("dgated":
-  ``p = d_out[src] @ w_out[g]ᵀ`` with, in its epilogue, the per-row router-weight scale,
+- backward of ``gated_down`` (autograd runs it first): ``_native.product("dgated")``
+  (``p = d_out[src] @ w_out[g]ᵀ`` with, in its epilogue, the per-row router-weight scale,
   dSwiGLU against ``pre`` and the router-weight gradient as a per-row reduction; ``p`` is
   never stored), giving ``d_pre`` and ``act_s = scale·act``; then ``dw_out = act_sᵀ·dy``.
   Where the products read routed rows inside their GEMMs (``_fused_backward.reads_in_gemm``:
@@ -77,14 +78,15 @@ import torch
 from torch import Tensor
 
 from . import _checks as check
-from ._fused_backward import _slabs as _slabs  # re-exported
+from . import _epilogue_ops
+from ._epilogue_ops import *  # noqa: F403 (its __all__: the epilogues' public ops)
 from ._fused_halves import _expert_down, _expert_up
 from ._fused_ops import _gated_down, _GatedDownFn, _swiglu_up, _SwigluUpFn
 from ._glue import swiglu_grad
 from ._library import direct
-from ._row_scale import row_scaled_mm
 
-__all__ = ["expert_block", "expert_down", "expert_up", "row_scaled_mm", "swiglu_grad"]
+__all__ = ["expert_block", "expert_down", "expert_up", "swiglu_grad"]
+__all__ += _epilogue_ops.__all__
 
 
 # --------------------------------------------------------------------------- checks

@@ -1,8 +1,9 @@
 //! The seam between Rust and the CUDA C++ of `cuda/`: one `cxx` bridge.
 //!
 //! The shared structs below are the only definition of what crosses it: Rust fills them
-//! (`super::cuda`), and the C++ launchers of `cuda/host/` take them as they are. The
-//! enums are defined in C++ (`DType`, `Form`: `cuda/device/types.h`, which the kernels
+//! (`super::cuda`), and the C++ launchers of `cuda/host/` take them as they are. A fused
+//! epilogue crosses as its name and its operands by position ([`Fusion`]): nothing here
+//! names one. The enums are defined in C++ (`DType`, `Form`: `cuda/device/types.h`, which the kernels
 //! include too; `RowsOp`: `cuda/device/rows.h`, which only the row kernels include); cxx
 //! checks at compile time that the variants here match.
 //!
@@ -26,17 +27,6 @@ pub(crate) mod bridge {
         BF16 = 1,
         F32 = 2,
         F64 = 3,
-    }
-
-    /// The epilogue of a GroupedM product (see [`Fusion`]); C++: `gmm::Epilogue` in
-    /// cuda/device/types.h.
-    #[repr(u8)]
-    #[derive(Debug)]
-    enum Epilogue {
-        Plain = 0,
-        SwiGLU = 1,
-        DGated = 2,
-        RowScale = 3,
     }
 
     /// The packed forms of `crate::shape::Form`; C++: `gmm::Form` in cuda/device/types.h.
@@ -77,7 +67,7 @@ pub(crate) mod bridge {
     /// of the validated product (`crate::shape::PackedDims`): GroupedM m = T, GroupedK k = T, GroupedN
     /// n = N_total. The output `c` is row-major and need not be initialised.
     #[derive(Clone, Copy, Debug)]
-    struct PackedRequest {
+    struct PackedRequest<'a> {
         form: Form,
         dtype: DType,
         out_dtype: DType,
@@ -95,7 +85,7 @@ pub(crate) mod bridge {
         /// Device address of the contiguous int32 `offs[groups]`; 0 for Batched.
         offs: u64,
         /// What the product does beyond `c = a · b` (see [`Fusion`]).
-        fusion: Fusion,
+        fusion: Fusion<'a>,
         /// The deferred error flag was taken by this call's first request (this one runs
         /// on rows the call gathered itself): not taken again, so that an index error of
         /// that gather is reported at the next call, as every other one is.
@@ -110,7 +100,7 @@ pub(crate) mod bridge {
     /// [`submit_packed`] answers [`Submitted::Unsupported`] before any device work and the
     /// engine composes the same product from plain parts. All zero: a plain product.
     #[derive(Clone, Copy, Debug)]
-    struct Fusion {
+    struct Fusion<'a> {
         /// GroupedM and GroupedK, else 0: device address of a contiguous int32 routed-row
         /// index; an index outside the source rows reads a row of zeros and raises the
         /// device's deferred error flag (reported at the next call).
@@ -128,35 +118,15 @@ pub(crate) mod bridge {
         /// `[b.rows, n]`, its `rows` the number of source rows, not `k`); `a` is the
         /// `[m, k]` operand of a plain product.
         src_b: bool,
-        /// What the epilogue does with the product `p = a · b` (`[m, n]`, fp32); GroupedM
-        /// only. Rows past the last group end get zeros in every output.
-        /// - `Plain`: `c = p`; the fields below are 0.
-        /// - `SwiGLU` (`n` even, `F = n / 2`; `b` and `up` below): `c = p` (the
-        ///   pre-activation `[gate | up]`)
-        ///   and `act[r, j] = silu(p[r, j]) * p[r, F + j]` (`[m, F]`, contiguous, c's dtype).
-        /// - `DGated` (the dSwiGLU backward of a down projection, `F = n`): `p` is the
-        ///   gradient of the activation before the router weight; with `g = pre[r, j]`,
-        ///   `u = pre[r, F + j]`, `s = scale[r]`, `σ = sigmoid(g)`: `c` is `[m, 2F]`
-        ///   (contiguous): `c[r, j] = s·p·u·σ·(1 + g·(1 − σ))`, `c[r, F + j] = s·p·g·σ`;
-        ///   `act[r, j] = s·silu(g)·u` (`[m, F]`, contiguous); `partial[j / 64, r]` (f32,
-        ///   `[ceil(F / 64), m]`, contiguous) is the sum over the columns `j` of that
-        ///   64-column chunk of `p·silu(g)·u`, so that the router weight's gradient of
-        ///   row `r` is `sum_i partial[i, r]` (no atomics: deterministic).
-        /// - `RowScale`: `c[r, j] = scale[r] · p[r, j]` (rounded once, from the fp32 product).
-        epilogue: Epilogue,
-        /// SwiGLU: device address of the up projection's weights when they are a tensor
-        /// of their own (`[G, K, F]` with `b`'s strides: `b` is then the gate's, and `p =
-        /// a · [b | up]`), else 0 (the up projection is `b`'s columns `[F, 2F)`).
-        up: u64,
-        /// SwiGLU, DGated: device address of the `act` output, else 0.
-        act: u64,
-        /// DGated: device address of the pre-activation input `[m, 2F]` (c's dtype), else 0.
-        pre: u64,
-        /// DGated, RowScale: device address of the f32 `[m]` row scale (DGated: the router
-        /// weights), else 0.
-        scale: u64,
-        /// DGated: device address of the f32 `partial` output, else 0.
-        partial: u64,
+        /// The epilogue, by name: that of its rule (`crate::shape::EPILOGUES`, where its
+        /// operands and what it computes are listed) and of its C++ policy (`kEpi`,
+        /// cuda/kernels/varlen/epilogue/<name>.h); empty: `c = a · b`. GroupedM only; rows
+        /// past the last group end get zeros in every output.
+        epilogue: &'a str,
+        /// The epilogue's operands by position, in the order of its rule's list (its inputs,
+        /// then its outputs beyond `c`): device addresses, contiguous but where the rule says
+        /// otherwise, 0 for an absent one and past the list.
+        operands: [u64; 6],
     }
 
     /// One list product; its groups travel as a slice of [`ListGroup`].
@@ -287,7 +257,6 @@ pub(crate) mod bridge {
 
         type DType;
         type Form;
-        type Epilogue;
         type RowsOp;
         /// A planned packed launch (cuda/host/plan.h).
         type PackedPlan;

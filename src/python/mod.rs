@@ -119,9 +119,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gemm::grouped_mm_list_backward, m)?)?;
     m.add_function(wrap_pyfunction!(product::gather_mm, m)?)?;
     m.add_function(wrap_pyfunction!(product::gather_k_mm, m)?)?;
-    m.add_function(wrap_pyfunction!(product::swiglu_mm, m)?)?;
-    m.add_function(wrap_pyfunction!(product::dgated_mm, m)?)?;
-    m.add_function(wrap_pyfunction!(product::row_scaled_mm, m)?)?;
+    m.add_function(wrap_pyfunction!(product::product, m)?)?;
     m.add_function(wrap_pyfunction!(rows::swiglu, m)?)?;
     m.add_function(wrap_pyfunction!(rows::swiglu_backward, m)?)?;
     m.add_function(wrap_pyfunction!(rows::gather_sum, m)?)?;

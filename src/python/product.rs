@@ -1,11 +1,12 @@
 //! The products of the MoE layer in `_native`: each function reads its arguments and
 //! asks the engine for one [`ProductRequest`] (`crate::exec::product`); the functions
-//! differ only in the request they make.
+//! differ only in the request they make. Every fused epilogue goes through one function,
+//! [`product`], by the name of its rule.
 
 use super::runtime::PyRuntime;
 use super::{guard, not_none, required_offs, resolve_out_dtype, Obj};
 use crate::exec::{self, Outputs, ProductRequest};
-use crate::shape::{Epilogue, Form, Gathered};
+use crate::shape::{self, Epilogue, Form, Gathered, MAX_OPERANDS};
 use pyo3::prelude::*;
 
 /// The outputs of a fused expert product, `None` where no fused kernel runs.
@@ -85,102 +86,50 @@ pub(super) fn gather_k_mm<'py>(
     })
 }
 
-/// The fused up projection of a routed SwiGLU expert: `(pre, act)` with
-/// `pre = x[src] @ w[g]` (`[R, 2F]`; with `up`, `w` is the gate `[G, K, F]` and
-/// `pre = x[src] @ [w[g] | up[g]]`) and `act = silu(gate) * up` (`[R, F]`), or `None`
-/// where no fused kernel runs (CPU, `up` of other strides than `w`, or `Unsupported`).
+/// A GroupedM product with the fused epilogue named `epilogue` (a rule of
+/// `crate::shape::EPILOGUES`, which lists its operands, outputs and what it computes):
+/// `x` (or the rule's name for it, e.g. `dy`), `w`, `offs`, the rule's `operands` in its
+/// order (`None` for an absent optional one), `src` gathering `x`'s rows, `out` written
+/// instead of the first output. Returns every output, the first one first, or `None` where
+/// no fused kernel runs (CPU, a second weight of other strides than `w`, or
+/// `Unsupported`): the caller composes.
 #[pyfunction]
-#[pyo3(signature = (x, w, offs, src=None, up=None))]
-pub(super) fn swiglu_mm<'py>(
+#[pyo3(signature = (epilogue, x, w, offs, operands=None, src=None, out=None))]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn product<'py>(
     py: Python<'py>,
+    epilogue: &str,
     x: &Bound<'py, PyAny>,
     w: &Bound<'py, PyAny>,
     offs: &Bound<'py, PyAny>,
-    src: Option<&Bound<'py, PyAny>>,
-    up: Option<&Bound<'py, PyAny>>,
-) -> Fused<(Obj<'py>, Obj<'py>)> {
-    guard(|| {
-        let mut rt = PyRuntime::new(py);
-        let x = rt.reference("x", x)?;
-        let w = rt.input(&"w", w)?;
-        let offs = required_offs(&mut rt, offs)?;
-        let src = not_none(src).map(|s| rt.index("src", s)).transpose()?;
-        let up = not_none(up).map(|u| rt.input(&"up", u)).transpose()?;
-        let req = ProductRequest {
-            src: src.as_ref().map(|s| (s, Gathered::A)),
-            epilogue: Epilogue::SwiGLU { up: up.as_ref() },
-            ..ProductRequest::new(Form::GroupedM, &x, &w, &offs)
-        };
-        Ok(run(&mut rt, req)?.and_then(|o| Some((o.c, o.act?))))
-    })
-}
-
-/// The fused backward of a routed SwiGLU expert's down projection: `(dpre, act,
-/// partial)`, or `None` where no fused kernel runs (CPU, or `Unsupported`). With `src`,
-/// `dy` is in token order and row `r` of the product reads `dy[src[r]]`. `out`: `dpre` is
-/// written there instead (`[R, 2F]` of `dy`'s dtype) and returned as the first item; it
-/// may be `pre` itself (the backward's last read of it: each tile reads its part of `pre`
-/// before writing the same part), not otherwise overlap an input.
-#[pyfunction]
-#[pyo3(signature = (dy, w, offs, pre, scale, src=None, out=None))]
-#[allow(clippy::too_many_arguments)]
-pub(super) fn dgated_mm<'py>(
-    py: Python<'py>,
-    dy: &Bound<'py, PyAny>,
-    w: &Bound<'py, PyAny>,
-    offs: &Bound<'py, PyAny>,
-    pre: &Bound<'py, PyAny>,
-    scale: &Bound<'py, PyAny>,
+    operands: Option<Vec<Option<Bound<'py, PyAny>>>>,
     src: Option<&Bound<'py, PyAny>>,
     out: Option<&Bound<'py, PyAny>>,
-) -> Fused<(Obj<'py>, Obj<'py>, Obj<'py>)> {
+) -> Fused<Vec<Obj<'py>>> {
     guard(|| {
+        let rule = shape::find_epilogue(epilogue)?;
+        let given = operands.unwrap_or_default();
+        if given.len() > MAX_OPERANDS {
+            shape::check_operands(rule, &given)?;
+        }
         let mut rt = PyRuntime::new(py);
-        let dy = rt.reference("dy", dy)?;
+        let x = rt.reference(rule.a, x)?;
         let w = rt.input(&"w", w)?;
         let offs = required_offs(&mut rt, offs)?;
-        let pre = rt.input(&"pre", pre)?;
-        let scale = rt.input(&"scale", scale)?;
+        let mut tensors = Vec::with_capacity(given.len());
+        for (i, o) in given.iter().enumerate() {
+            let name = rule.operands.get(i).map_or("operand", |o| o.name);
+            let t = not_none(o.as_ref()).map(|o| rt.input(&name, o));
+            tensors.push(t.transpose()?);
+        }
         let src = not_none(src).map(|s| rt.index("src", s)).transpose()?;
         let out = not_none(out).map(|o| rt.output(&"out", o)).transpose()?;
         let req = ProductRequest {
             src: src.as_ref().map(|s| (s, Gathered::A)),
-            epilogue: Epilogue::DGated {
-                pre: &pre,
-                scale: &scale,
-            },
+            epilogue: Epilogue::new(rule, tensors.iter().map(Option::as_ref)),
             out,
-            ..ProductRequest::new(Form::GroupedM, &dy, &w, &offs)
-        };
-        Ok(run(&mut rt, req)?.and_then(|o| Some((o.c, o.act?, o.partial?))))
-    })
-}
-
-/// A GroupedM product scaled per row: `out[r] = scale[r] * (x[src[r]] @ w[g])`
-/// (`scale` float32 `[R]`, rounded once from the float32 product), or `None` where no
-/// fused kernel runs (CPU, or `Unsupported`). Without `src`, the rows of `x` in order.
-#[pyfunction]
-#[pyo3(signature = (x, w, offs, scale, src=None))]
-pub(super) fn row_scaled_mm<'py>(
-    py: Python<'py>,
-    x: &Bound<'py, PyAny>,
-    w: &Bound<'py, PyAny>,
-    offs: &Bound<'py, PyAny>,
-    scale: &Bound<'py, PyAny>,
-    src: Option<&Bound<'py, PyAny>>,
-) -> Fused<Obj<'py>> {
-    guard(|| {
-        let mut rt = PyRuntime::new(py);
-        let x = rt.reference("x", x)?;
-        let w = rt.input(&"w", w)?;
-        let offs = required_offs(&mut rt, offs)?;
-        let scale = rt.input(&"scale", scale)?;
-        let src = not_none(src).map(|s| rt.index("src", s)).transpose()?;
-        let req = ProductRequest {
-            src: src.as_ref().map(|s| (s, Gathered::A)),
-            epilogue: Epilogue::RowScale { scale: &scale },
             ..ProductRequest::new(Form::GroupedM, &x, &w, &offs)
         };
-        Ok(run(&mut rt, req)?.map(|o| o.c))
+        Ok(run(&mut rt, req)?.map(Outputs::all))
     })
 }

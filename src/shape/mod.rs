@@ -31,12 +31,15 @@ mod packed;
 mod product;
 mod rows;
 
-pub use epilogue::Epilogue;
+pub use epilogue::{
+    Epilogue, EpilogueRule, EpilogueShapes, OperandKind, OperandRule, OutputRule, MAX_OPERANDS,
+};
 pub use list::{plan_list, GroupDims};
 pub use offs::{check_offs, clamp_spans, index_error_pending, offs_error_pending, offs_len};
 pub use packed::{backward_layouts, plan_packed, transposed_grads, Form, PackedDims};
 pub use product::{
-    check_f32, operand_names, plan_product, Gathered, ProductDims, ProductShape, PARTIAL_COLS,
+    check_f32, check_operands, epilogue as find_epilogue, operand_names, plan_product, Gathered,
+    ProductDims, ProductShape, EPILOGUES, PARTIAL_COLS,
 };
 pub(crate) use rows::RowPtrs;
 pub use rows::{

@@ -89,7 +89,7 @@ def main() -> int:
                     x, w = torch.randn(T, 64, **t), torch.randn(G, 64, N, **t)
                     scale = torch.randn(T, device=DEV)
                     poison([(T, N)], dtype)
-                    y = groupmm._native.row_scaled_mm(x, w, offs, scale)
+                    y = groupmm._native.product("row_scale", x, w, offs, (scale,))[0]
                     check(f"{tag} row_scaled_mm N={N}", [("out", y)], bad)
                     n += 1
         packed(

@@ -112,7 +112,7 @@ def row_scaled(dev) -> int:
             R = sum(sizes) + 5
             x = torch.randn(R, K, device=dev, dtype=dtype)
             w = torch.randn(len(sizes), K, N, device=dev, dtype=dtype)
-            groupmm._native.row_scaled_mm(x, w, offs, torch.randn(R, device=dev))
+            groupmm._native.product("row_scale", x, w, offs, (torch.randn(R, device=dev),))
             n += 1
     return n
 
@@ -162,7 +162,7 @@ def gathered(dev) -> int:
         w_out = torch.randn(len(sizes), F, N, device=dev, dtype=dtype)
         pre = torch.randn(R, 2 * F, device=dev, dtype=dtype)
         scale = torch.rand(R, device=dev)
-        _flagged(groupmm._native.dgated_mm, y, w_out, offs, pre, scale, src=index)
+        _flagged(groupmm._native.product, "dgated", y, w_out, offs, (pre, scale), src=index)
         n += 1
         # the SwiGLU up projection, gathered and packed, both weight majors: F = 200 crosses
         # the 128 x 256 tile's 128 gate columns and ends inside a 64-column chunk
@@ -171,8 +171,8 @@ def gathered(dev) -> int:
             torch.randn(len(sizes), K, 2 * F2, device=dev, dtype=dtype),
             torch.randn(len(sizes), 2 * F2, K, device=dev, dtype=dtype).transpose(1, 2),
         ):
-            _flagged(groupmm._native.swiglu_mm, x, w, offs, index)
-            groupmm._native.swiglu_mm(rows_k, w, offs, None)
+            _flagged(groupmm._native.product, "swiglu", x, w, offs, (), index)
+            groupmm._native.product("swiglu", rows_k, w, offs, ())
             n += 2
         # the same with gate and up as two weights (torchtitan's w1 / w3), both majors
         for gate, up in (
@@ -182,8 +182,8 @@ def gathered(dev) -> int:
                 for _ in range(2)
             ],
         ):
-            _flagged(groupmm._native.swiglu_mm, x, gate, offs, index, up)
-            groupmm._native.swiglu_mm(rows_k, gate, offs, None, up)
+            _flagged(groupmm._native.product, "swiglu", x, gate, offs, (up,), index)
+            groupmm._native.product("swiglu", rows_k, gate, offs, (up,))
             n += 2
     return n
 

@@ -1,4 +1,4 @@
-"""The configurations of the DGated kernel on Hopper (``_native.dgated_mm``: the backward of
+"""The configurations of the DGated kernel on Hopper (``_native.product("dgated")``: the backward of
 a routed SwiGLU expert's down projection; its contract: ``_native.pyi``): on rows read
 through ``src`` the cooperative 128 x 256 kernel and the ping-pong 128 x 128 one
 (the rule's choice, and ``GROUPMM_SM90_DGATED=pp128`` in a fresh process of a development
@@ -66,13 +66,13 @@ def _outputs():
     out = []
     for i, (T, k, E, D, F) in enumerate(SHAPES):
         dy, w_out, offs, pre, scale, src = _case(T, k, E, D, F, seed=i)
-        dpre, act, partial = _native.dgated_mm(dy, w_out, offs, pre, scale, src, None)
+        dpre, act, partial = _native.product("dgated", dy, w_out, offs, (pre, scale), src)
         out.append([dpre.cpu(), act.cpu(), partial.sum(0).cpu()])
         packed = dy.index_select(0, src.long())
-        dpre, act, partial = _native.dgated_mm(packed, w_out, offs, pre, scale, None, None)
+        dpre, act, partial = _native.product("dgated", packed, w_out, offs, (pre, scale))
         out.append([dpre.cpu(), act.cpu(), partial.sum(0).cpu()])
         own = pre.clone()
-        dpre, act, partial = _native.dgated_mm(dy, w_out, offs, own, scale, src, own)
+        dpre, act, partial = _native.product("dgated", dy, w_out, offs, (own, scale), src, own)
         assert dpre.data_ptr() == own.data_ptr()
         out.append([dpre.cpu(), act.cpu(), partial.sum(0).cpu()])
     return out

@@ -712,6 +712,19 @@ def _stub_dgated_mm(calls):
     return dgated_mm
 
 
+def _stub_product(calls):
+    """A stand-in for ``_native.product``: the epilogues' stand-ins above by name."""
+    swiglu_mm, dgated_mm = _stub_swiglu_mm(calls), _stub_dgated_mm(calls)
+
+    def product(epilogue, x, w, offs, operands=(), src=None, out=None):
+        if epilogue == "swiglu":
+            return swiglu_mm(x, w, offs, src, *operands)
+        assert epilogue == "dgated", epilogue
+        return dgated_mm(x, w, offs, *operands, src=src, out=out)
+
+    return product
+
+
 def _stub_gather_k_mm(calls):
     """A stand-in for the native weight gradient on gathered rows, from its contract:
     ``out[g] = sum_r a_r^T b_r`` with ``a_r = a[src[r]]`` (``b_r = b[src[r]]`` with
@@ -742,8 +755,7 @@ def test_expert_block_uses_the_native_fused_functions(monkeypatch):
     import groupmm._native as native
 
     calls: list = []
-    monkeypatch.setattr(native, "swiglu_mm", _stub_swiglu_mm(calls))
-    monkeypatch.setattr(native, "dgated_mm", _stub_dgated_mm(calls))
+    monkeypatch.setattr(native, "product", _stub_product(calls))
     monkeypatch.setattr(native, "gather_k_mm", _stub_gather_k_mm(calls))
     (x, w_in, w_out, weights), ids, r = _block_case(dtype=torch.float32, seed=12)
     out = expert_block(x, w_in, w_out, r.offs, r.src, r.inverse, weights)
@@ -770,8 +782,7 @@ def test_expert_block_uses_the_native_fused_functions(monkeypatch):
     expert_block(x, w_in, w_out, r.offs, r.src, r.inverse, weights).sum().backward()
     assert calls == ["swiglu_mm", ("gather_k_mm", "gathered_a")]
     # answers of None: composed
-    monkeypatch.setattr(native, "swiglu_mm", lambda *a: None)
-    monkeypatch.setattr(native, "dgated_mm", lambda *a, **kw: None)
+    monkeypatch.setattr(native, "product", lambda *a, **kw: None)
     (x, w_in, w_out, weights), ids, r = _block_case(dtype=torch.float32, seed=12)
     again = expert_block(x, w_in, w_out, r.offs, r.src, r.inverse, weights)
     assert_close_rel(again, ref, torch.float32, "composed out")
@@ -786,27 +797,29 @@ def test_native_fused_functions_answer_none_on_cpu():
     import groupmm._native as native
 
     x, ids, w_in, w_out, weights, r = _setup(dtype=torch.bfloat16)
-    assert native.swiglu_mm(x, w_in, r.offs, r.src) is None
+    assert native.product("swiglu", x, w_in, r.offs, (), r.src) is None
     R = r.src.shape[0]
     dy = torch.randn(R, x.shape[1], dtype=torch.bfloat16)
     pre = torch.randn(R, w_in.shape[-1], dtype=torch.bfloat16)
     scale = torch.rand(R)
-    assert native.dgated_mm(dy, w_out, r.offs, pre, scale) is None
-    assert native.dgated_mm(x, w_out, r.offs, pre, scale, src=r.src) is None
+    assert native.product("dgated", dy, w_out, r.offs, (pre, scale)) is None
+    assert native.product("dgated", x, w_out, r.offs, (pre, scale), src=r.src) is None
     # out: pre itself or apart from it (checked before the answer)
-    assert native.dgated_mm(dy, w_out, r.offs, pre, scale, out=pre) is None
-    assert native.dgated_mm(dy, w_out, r.offs, pre, scale, out=torch.empty_like(pre)) is None
+    assert native.product("dgated", dy, w_out, r.offs, (pre, scale), out=pre) is None
+    assert (
+        native.product("dgated", dy, w_out, r.offs, (pre, scale), out=torch.empty_like(pre)) is None
+    )
     room = torch.empty(R + 1, pre.shape[1], dtype=pre.dtype)
     room[:R] = pre
     with pytest.raises(ValueError, match=r"^out: must be pre itself \(same address"):
-        native.dgated_mm(dy, w_out, r.offs, room[:R], scale, out=room[1:])
+        native.product("dgated", dy, w_out, r.offs, (room[:R], scale), out=room[1:])
     n_dy, n_pre = dy.numel(), pre.numel()
     flat = torch.empty(n_dy + n_pre, dtype=dy.dtype)
     with pytest.raises(ValueError, match=r"^out: must not share memory with the input dy"):
         over = flat[n_dy - 2 : n_dy - 2 + n_pre].view(pre.shape)
-        native.dgated_mm(flat[:n_dy].view(dy.shape), w_out, r.offs, pre, scale, out=over)
+        native.product("dgated", flat[:n_dy].view(dy.shape), w_out, r.offs, (pre, scale), out=over)
     with pytest.raises(ValueError, match=r"^out: expected shape"):
-        native.dgated_mm(dy, w_out, r.offs, pre, scale, out=pre[:, :2])
+        native.product("dgated", dy, w_out, r.offs, (pre, scale), out=pre[:, :2])
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -911,21 +924,21 @@ def test_native_fused_functions_run_on_hopper_bf16():
         pytest.skip("needs an sm_90 GPU")
     (x, w_in, w_out, weights), ids, r = _gpu_case()
     R, Fh = r.src.shape[0], w_out.shape[1]
-    got = native.swiglu_mm(x.detach(), w_in.detach(), r.offs, r.src)
+    got = native.product("swiglu", x.detach(), w_in.detach(), r.offs, (), r.src)
     assert isinstance(got, tuple) and len(got) == 2
     assert got[0].shape == (R, 2 * Fh) and got[1].shape == (R, Fh)
     dy = torch.randn(R, x.shape[1], device="cuda", dtype=torch.bfloat16)
     scale = torch.rand(R, device="cuda")
-    got = native.dgated_mm(dy, w_out.detach(), r.offs, got[0], scale)
+    got = native.product("dgated", dy, w_out.detach(), r.offs, (got[0], scale))
     assert isinstance(got, tuple) and len(got) == 3
     dpre, act_s, partial = got
     assert dpre.shape == (R, 2 * Fh) and act_s.shape == (R, Fh)
     assert partial.dtype == torch.float32 and partial.shape == (-(-Fh // 64), R)
     # with src: dy is the tokens' gradient [T, D], row r of the product reads dy[src[r]]
     d_out = torch.randn(x.shape, device="cuda", dtype=torch.bfloat16)
-    pre = native.swiglu_mm(x.detach(), w_in.detach(), r.offs, r.src)[0]
-    routed = native.dgated_mm(d_out, w_out.detach(), r.offs, pre, scale, src=r.src)
-    copied = native.dgated_mm(d_out[r.src], w_out.detach(), r.offs, pre, scale)
+    pre = native.product("swiglu", x.detach(), w_in.detach(), r.offs, (), r.src)[0]
+    routed = native.product("dgated", d_out, w_out.detach(), r.offs, (pre, scale), src=r.src)
+    copied = native.product("dgated", d_out[r.src], w_out.detach(), r.offs, (pre, scale))
     assert isinstance(routed, tuple) and len(routed) == 3
     for name, a, b in zip(("dpre", "act_s", "partial"), routed, copied):
         assert a.shape == b.shape and a.dtype == b.dtype
@@ -948,8 +961,7 @@ def test_expert_block_cuda_fused_equals_composed(monkeypatch):
     fused = run()
     for a, b in zip(fused, run()):
         assert torch.equal(a, b)
-    monkeypatch.setattr(native, "swiglu_mm", lambda *a: None)
-    monkeypatch.setattr(native, "dgated_mm", lambda *a, **kw: None)
+    monkeypatch.setattr(native, "product", lambda *a, **kw: None)
     composed = run()
     for name, a, b in zip("out x w_in w_out weights".split(), fused, composed):
         assert_close_rel(a, b, torch.bfloat16, name)

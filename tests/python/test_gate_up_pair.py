@@ -180,13 +180,13 @@ def test_pair_runs_the_fused_kernel(layout):
         gate = gate.transpose(1, 2).contiguous().transpose(1, 2)
         up = up.transpose(1, 2).contiguous().transpose(1, 2)
     src = r.src.int()
-    got = _native.swiglu_mm(x, gate, r.offs, src, up)
+    got = _native.product("swiglu", x, gate, r.offs, (up,), src)
     assert got is not None
-    want = _native.swiglu_mm(x, torch.cat([gate, up], 2), r.offs, src)
+    want = _native.product("swiglu", x, torch.cat([gate, up], 2), r.offs, (), src)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     # up in the other major than gate: other strides, composed by the caller
     other = up.contiguous() if layout == "transposed" else up.mT.contiguous().mT
-    assert _native.swiglu_mm(x, gate, r.offs, src, other) is None
+    assert _native.product("swiglu", x, gate, r.offs, (other,), src) is None
 
 
 @pytest.mark.skipif(not torch.distributed.is_gloo_available(), reason="needs gloo")

@@ -8,7 +8,7 @@ against a float64 reference written with torch indexing and ``einsum``, group by
 empty groups, rows past the last group, both gathered operands, both output layouts
 (``transposed``: the view of a fresh ``[G, N, K]``), int32 and int64 ``src``, strided
 operands, the empty cases, out-of-range indices (an error: at once on the CPU, at the
-next call on CUDA) and the argument errors. Also ``_native.dgated_mm``'s ``src``
+next call on CUDA) and the argument errors. Also ``_native.product("dgated")``'s ``src``
 (``dy`` in token order): None on the CPU, the same as ``dy[src]`` on a GPU."""
 
 from __future__ import annotations
@@ -345,27 +345,27 @@ def _dgated_case(device, dtype, T=50, D=64, Fh=72, sizes=(30, 0, 41, 9), seed=6)
 
 def test_dgated_mm_with_src_answers_none_on_cpu():
     d_out, w, offs, pre, scale, src = _dgated_case("cpu", torch.bfloat16)
-    assert _native.dgated_mm(d_out, w, offs, pre, scale, src) is None
-    assert _native.dgated_mm(d_out, w, offs, pre, scale, src=src.long()) is None
-    assert _native.dgated_mm(d_out[src.long()], w, offs, pre, scale, None) is None
+    assert _native.product("dgated", d_out, w, offs, (pre, scale), src) is None
+    assert _native.product("dgated", d_out, w, offs, (pre, scale), src=src.long()) is None
+    assert _native.product("dgated", d_out[src.long()], w, offs, (pre, scale)) is None
 
 
 def test_dgated_mm_with_src_errors():
     d_out, w, offs, pre, scale, src = _dgated_case("cpu", torch.bfloat16)
     with pytest.raises(ValueError, match=r"^src: expected a 1-D tensor \[R\]"):
-        _native.dgated_mm(d_out, w, offs, pre, scale, src[None])
+        _native.product("dgated", d_out, w, offs, (pre, scale), src[None])
     with pytest.raises(
         ValueError, match=r"^pre: expected shape \[\d+, 144\] \(\[R, 2F\]: R = len\(src\)"
     ):
-        _native.dgated_mm(d_out, w, offs, pre[1:], scale, src)
+        _native.product("dgated", d_out, w, offs, (pre[1:], scale), src)
     with pytest.raises(
         ValueError, match=r"^scale: expected shape \[\d+\] \(one router weight per routed row"
     ):
-        _native.dgated_mm(d_out, w, offs, pre, scale[1:], src)
+        _native.product("dgated", d_out, w, offs, (pre, scale[1:]), src)
     with pytest.raises(ValueError, match=r"^dy: expected a 2-D tensor \[T, D\]"):
-        _native.dgated_mm(d_out[0], w, offs, pre, scale, src)
+        _native.product("dgated", d_out[0], w, offs, (pre, scale), src)
     with pytest.raises(TypeError, match=r"^src: expected an integer dtype"):
-        _native.dgated_mm(d_out, w, offs, pre, scale, src.float())
+        _native.product("dgated", d_out, w, offs, (pre, scale), src.float())
 
 
 @pytest.mark.cuda
@@ -375,8 +375,8 @@ def test_dgated_mm_with_src_equals_gathered_rows(dtype):
     """``dgated_mm(d_out, …, src)`` is ``dgated_mm(d_out[src], …)``: both None (no fused
     kernel here) or the same outputs."""
     d_out, w, offs, pre, scale, src = _dgated_case("cuda", dtype)
-    got = _native.dgated_mm(d_out, w, offs, pre, scale, src)
-    want = _native.dgated_mm(d_out[src.long()].contiguous(), w, offs, pre, scale)
+    got = _native.product("dgated", d_out, w, offs, (pre, scale), src)
+    want = _native.product("dgated", d_out[src.long()].contiguous(), w, offs, (pre, scale))
     assert (got is None) == (want is None)
     if got is None:
         return

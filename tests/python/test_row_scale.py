@@ -98,13 +98,20 @@ def test_errors_name_the_argument():
     with pytest.raises(
         TypeError, match=r"^scale: expected dtype torch.float32 \(the scale of each row\)"
     ):
-        _native.row_scaled_mm(x, w, offs, scale.double())
+        _native.product("row_scale", x, w, offs, (scale.double(),))
     with pytest.raises(
         ValueError, match=r"^scale: expected shape \[6\] \(one scale per row of x\)"
     ):
-        _native.row_scaled_mm(x, w, offs, scale[:5])
+        _native.product("row_scale", x, w, offs, (scale[:5],))
     # the CPU has no kernel for it: None, nothing computed
-    assert _native.row_scaled_mm(x, w, offs, scale) is None
+    assert _native.product("row_scale", x, w, offs, (scale,)) is None
+    # the one native entry: the epilogue by name, its rule's operands by position
+    with pytest.raises(TypeError, match=r"^epilogue: expected one of swiglu, dgated, row_scale"):
+        _native.product("row_scaled", x, w, offs, (scale,))
+    with pytest.raises(TypeError, match=r"^operands: the row_scale epilogue needs scale"):
+        _native.product("row_scale", x, w, offs)
+    with pytest.raises(TypeError, match=r"^operands: the row_scale epilogue takes \(scale\)"):
+        _native.product("row_scale", x, w, offs, (scale, scale))
 
 
 @pytest.mark.cuda
@@ -123,12 +130,12 @@ def test_cuda_kernel_equals_reference(dtype, sizes, K, N):
     x, w, offs, scale = _problem(sizes, K, N, tail=5, device="cuda", dtype=dtype)
     s32 = scale.float()
     ref = _reference(x, w, offs, s32)
-    out = _native.row_scaled_mm(x, w, offs, s32)
+    out = _native.product("row_scale", x, w, offs, (s32,))[0]
     if torch.cuda.get_device_capability()[0] == 9:
         assert out is not None, "sm_90: the RowScale kernel runs"
     if out is not None:
         assert_close_rel(out, ref, dtype, "kernel")
-        again = _native.row_scaled_mm(x, w, offs, s32)
+        again = _native.product("row_scale", x, w, offs, (s32,))[0]
         assert torch.equal(out, again), "bitwise repeatable"
         assert torch.all(out[offs[-1].item() :] == 0), "rows past offs[-1] are zeros"
     xs, ws, ss = (t.clone().requires_grad_() for t in (x, w, s32))

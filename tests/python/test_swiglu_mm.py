@@ -1,4 +1,4 @@
-"""The SwiGLU up projection kernels on Hopper (``_native.swiglu_mm``): the cooperative
+"""The SwiGLU up projection kernels on Hopper (``_native.product("swiglu")``): the cooperative
 128 x 256 kernel (the default) against a float64 reference at the residues of its tile
 (F not a multiple of 64 or 128, K not a multiple of the 64-wide k-block, empty experts,
 rows past ``offs[-1]``, both weight majors, rows read through ``src`` or packed), and
@@ -64,7 +64,7 @@ def test_swiglu_mm_residues_equal_reference(gathered, k_major, K, F):
     from groupmm import _native
 
     x, w, offs, src = _case(300, K, F, 6, 3, k_major, gathered, seed=K + F)
-    got = _native.swiglu_mm(x, w, offs, src)
+    got = _native.product("swiglu", x, w, offs, (), src)
     assert got is not None, "the fused kernel runs on Hopper in bf16 at these sizes"
     pre, act = got
     want_pre, want_act = _reference(x, w, offs, src)
@@ -82,7 +82,7 @@ def _outputs():
         [(264, 200, False, True), (128, 776, True, True), (72, 8, False, False)]
     ):
         x, w, offs, src = _case(257, K, F, 5, 2, k_major, gathered, seed=i)
-        out.extend(t.cpu() for t in _native.swiglu_mm(x, w, offs, src))
+        out.extend(t.cpu() for t in _native.product("swiglu", x, w, offs, (), src))
     return out
 
 

@@ -11,10 +11,11 @@
 // The folder, by role: key.h (the registry key), config.cuh (a kernel's compile-time
 // configuration, shared memory, parameters and tensor-map encoders), scheduler.cuh (tiles
 // from offs), producer.cuh (the loads), mainloop.cuh (the wgmma k-loop), epilogue/ (one
-// policy per epilogue, <name>.cuh, owning all of it: its block of Args (<name>.h, plain
-// C++), can_read clause, parameters, tensor maps, shared memory and store; common.cuh what
-// several share), kernel.cuh (the roles and the two consumer schedules), launch.cuh (host
-// side: the maps and the launch), entries.cuh (registry entries). One
+// policy per epilogue, <name>.cuh, owning all of it: its argument block (<name>.h, plain
+// C++, read from Args::epi by position), can_read clause, parameters, tensor maps, shared
+// memory and store; common.cuh what several share), kernel.cuh (the roles and the two
+// consumer schedules), launch.cuh (host side: the maps and the launch), entries.cuh
+// (registry entries), fused.cuh (the one list of the fused epilogues' configurations). One
 // kernels/sm90_<dtype>_varlen_*.cu file instantiates the configurations of one (dtype,
 // mode) pair; cuda/heuristics/ chooses among them.
 #pragma once
@@ -23,21 +24,12 @@
 #include <cstdint>
 
 #include <string>
-#include <variant>
 
 #include "device/align.h"
 #include "device/types.h"
-#include "kernels/varlen/epilogue/dgated.h"
-#include "kernels/varlen/epilogue/plain.h"
-#include "kernels/varlen/epilogue/rowscale.h"
-#include "kernels/varlen/epilogue/swiglu.h"
 #include "kernels/varlen/key.h"
 
 namespace gmm::varlen {
-
-// The epilogue of a call and its operands: one block per epilogue (epilogue/<name>.h); the
-// block's kEpi is its Config::epi.
-using EpiArgs = std::variant<PlainArgs, SwigluArgs, DgatedArgs, RowScaleArgs>;
 
 // One call. Strides are in elements.
 struct Args {
@@ -69,9 +61,10 @@ struct Args {
   int groups = 0;
   // varlen-M: m = T (rows), n = N, k = K.  varlen-K: m = M, n = N, k = T (tokens).
   int m = 0, n = 0, k = 0;
-  // The epilogue and its operands (varlen-M; which configurations each runs in: its
-  // policy's fits()).
-  EpiArgs epi;
+  // The epilogue's operands by position (varlen-M; the kernel's Config::epi names the
+  // epilogue, whose policy's argument block reads them, epilogue/<name>.h; which
+  // configurations each runs in: its policy's fits()).
+  EpiOperands epi;
   int* err_flag = nullptr;  // device view of the deferred error flag, may be null
   int sm_count = 0;
   int device = 0;
@@ -81,13 +74,13 @@ struct Args {
 // What the kernels can read (the TMA rules: 16-byte aligned bases and strides; whole
 // 16-byte output chunks, so N, and for varlen-K also M, a multiple of 8 elements), for
 // 2-byte elements. The heuristic (cuda/heuristics/) asks this before it picks a kernel.
-// The epilogue's own clause is its block's can_read (epilogue/<name>.h).
+// The epilogue's own clause is its block's can_read (epilogue/<name>.h), which the kernel's
+// registry entry asks (entries.cuh, epi_reads).
 inline bool can_read(const Args& x) {
   auto al = [](const void* p) { return is16(int64_t(uintptr_t(p))); };
   auto st = [](int64_t s) { return s >= 0 && is16(s * 2); };
   bool ok = al(x.a) && al(x.b) && al(x.d) && st(x.lda) && st(x.ldb) && st(x.ldd) &&
             is16(int64_t(x.n) * 2) && x.m >= 0 && x.n >= 0 && x.k >= 0 && x.groups >= 0;
-  ok = ok && std::visit([&](const auto& e) { return e.can_read(x); }, x.epi);
   if (x.mode == Mode::M) {
     ok = ok && st(x.ldb_batch);
     // the gathering producer copies whole 16-byte units of A's rows: K too

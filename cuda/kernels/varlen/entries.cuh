@@ -19,6 +19,14 @@ std::string run_config(const Args& x) {
   }
 }
 
+// Whether the call's epilogue operands are given and readable by policy E (the kernel's
+// registry entry asks it: KernelEntry::epi_reads).
+template <class E>
+bool epi_reads(const Args& x) {
+  const auto e = E::Args::from(x.epi);
+  return e.given() && e.can_read(x);
+}
+
 // E: an epilogue policy (kernels/varlen/epilogue/), whose header the kernel file includes.
 template <class T, DType DT, Mode kMode, int BN, Schedule S, Gather G = Gather::None,
           class E = PlainEpi>
@@ -30,7 +38,8 @@ constexpr KernelEntry entry() {
                      nullptr,
                      nullptr,
                      Config{kMode, S, BN, G, E::kEpi},
-                     &run_config<T, kMode, BN, S, G, E>};
+                     &run_config<T, kMode, BN, S, G, E>,
+                     &epi_reads<E>};
 }
 
 }  // namespace gmm::varlen

@@ -115,16 +115,11 @@ pub(in crate::exec) struct Fusion<'a> {
     pub src: Option<&'a IntTensor>,
     /// GroupedK only: `src` indexes the rows of `b` instead of those of `a`.
     pub src_b: bool,
-    /// The epilogue (GroupedM) with its operands, contiguous on the product's device
-    /// (extents in [`ffi::Fusion`]'s doc); `c` is then the pre-activation (SwiGLU) or its
-    /// gradient `dpre` (DGated), `[m, 2F]` both.
+    /// The epilogue (GroupedM) with its operands, on the product's device and laid out as
+    /// its rule says (`crate::shape::EPILOGUES`); `c` is then its first output.
     pub epilogue: Epilogue<&'a Tensor>,
-    /// SwiGLU, DGated: the `act` output, `[m, F]` of c's dtype, contiguous (DGated: the
-    /// scaled activation).
-    pub act: Option<&'a Tensor>,
-    /// DGated: the float32 `partial` output, `[ceil(F / 64), m]`, contiguous (the router
-    /// weight's gradient in partial sums).
-    pub partial: Option<&'a Tensor>,
+    /// The epilogue's other outputs in its rule's order, contiguous.
+    pub outputs: &'a [&'a Tensor],
     /// The call's second request, on rows it gathered after the first was answered
     /// `Unsupported` ([`ffi::PackedRequest`]'s `flag_taken`).
     pub retry: bool,
@@ -133,31 +128,31 @@ pub(in crate::exec) struct Fusion<'a> {
 impl Fusion<'_> {
     /// Nothing beyond `c = a · b`.
     pub fn is_plain(&self) -> bool {
-        self.src.is_none() && matches!(self.epilogue, Epilogue::Plain)
+        self.src.is_none() && self.epilogue.is_plain()
     }
 
-    /// The bridge's field: addresses, 0 for what is not asked. The one place where the
-    /// epilogue becomes the bridge's.
-    fn request(&self) -> ffi::Fusion {
-        let ptr = |t: Option<&Tensor>| t.map_or(0, |t| t.ptr as u64);
-        let (epilogue, pre, scale, up) = match self.epilogue {
-            Epilogue::Plain => (ffi::Epilogue::Plain, None, None, None),
-            Epilogue::SwiGLU { up } => (ffi::Epilogue::SwiGLU, None, None, up),
-            Epilogue::DGated { pre, scale } => {
-                (ffi::Epilogue::DGated, Some(pre), Some(scale), None)
-            }
-            Epilogue::RowScale { scale } => (ffi::Epilogue::RowScale, None, Some(scale), None),
-        };
-        ffi::Fusion {
+    /// The bridge's field: the epilogue's name and its operands by position (its inputs
+    /// in its rule's order, then its other outputs), 0 for what is not asked. The one
+    /// place where the epilogue becomes the bridge's.
+    fn request(&self) -> Result<ffi::Fusion<'static>> {
+        let ptr = |t: &Tensor| t.ptr as u64;
+        let listed = self.epilogue.rule.map_or(0, |e| e.operands.len());
+        let inputs = self.epilogue.operands.iter().take(listed);
+        let addrs = inputs
+            .map(|o| o.map_or(0, ptr))
+            .chain(self.outputs.iter().map(|t| ptr(t)));
+        let mut operands = [0; 6];
+        for (n, a) in addrs.enumerate() {
+            *operands.get_mut(n).ok_or_else(|| {
+                Error::Cuda("internal: an epilogue with more than 6 operands".into())
+            })? = a;
+        }
+        Ok(ffi::Fusion {
             src: self.src.map_or(0, |o| o.ptr as u64),
             src_b: self.src_b,
-            epilogue,
-            up: ptr(up),
-            act: ptr(self.act),
-            pre: ptr(pre),
-            scale: ptr(scale),
-            partial: ptr(self.partial),
-        }
+            epilogue: self.epilogue.rule.map_or("", |e| e.name),
+            operands,
+        })
     }
 }
 
@@ -171,7 +166,7 @@ pub(super) fn packed_request(
     fusion: &Fusion<'_>,
     c: &Tensor,
     (stream, allow_tf32): (u64, bool),
-) -> Result<ffi::PackedRequest> {
+) -> Result<ffi::PackedRequest<'static>> {
     Ok(ffi::PackedRequest {
         form: ffi_form(plan.form),
         dtype: ffi_dtype(a.dtype),
@@ -186,7 +181,7 @@ pub(super) fn packed_request(
         b: kernel_operand(b)?,
         c: kernel_operand(c)?,
         offs: offs.map_or(0, |o| o.ptr as u64),
-        fusion: fusion.request(),
+        fusion: fusion.request()?,
         flag_taken: fusion.retry,
         stream,
     })

@@ -1,7 +1,7 @@
 //! The products of the MoE layer through the engine, one ladder for all (rule and table:
 //! [`shape::plan_product`](crate::shape::plan_product)): a GroupedM product over routed
 //! rows (`gather_mm`), alone or with an epilogue that writes the glue around it (the fused
-//! expert products `swiglu_mm`, `dgated_mm`), or a GroupedK product over them
+//! expert products, `product`, one rule entry each), or a GroupedK product over them
 //! (`gather_k_mm`, the weight gradient), each reading its rows in order or through the
 //! routed-row index `src`.
 //!
@@ -35,7 +35,7 @@ use super::vocab::{contiguous, contiguous_int32, Device, IntTensor, Runtime, Ten
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::layout::Transposable;
-use crate::shape::{Epilogue, Form, Gathered, PackedDims};
+use crate::shape::{Epilogue, Form, Gathered, OperandKind, PackedDims};
 use std::borrow::Cow;
 use target::Target;
 use validate::{c_shape, validate};
@@ -72,45 +72,59 @@ pub unsafe fn product<R: Runtime>(
         out,
     } = req;
     let (device, dtype) = (a.device, out_dtype.unwrap_or(a.dtype));
-    if device == Device::Cpu && plan.epilogue != Epilogue::Plain {
+    if device == Device::Cpu && plan.epilogue.is_some() {
         return Ok(None);
     }
     // SAFETY: forwarded contract.
     let offs_vals = unsafe { host_offs(Some(offs), &plan.product)? };
     // The operands in the order the product reads them: swapped when GroupedK runs
-    // transposed (and with them the one `src` gathers); DGated's `w` transposed
-    // (`p = dy · wᵀ`), read in place as the backward's dA reads b.
+    // transposed (and with them the one `src` gathers); `w` transposed where the
+    // epilogue's rule reads `a · wᵀ` (DGated), read in place as the backward's dA reads b.
     let (first, second) = if transposed { (b, a) } else { (a, b) };
     let src_b = matches!(src, Some((_, Gathered::B))) != transposed;
     let wt;
-    let second = match epilogue {
-        Epilogue::DGated { .. } => {
+    let second = match epilogue.rule {
+        Some(e) if e.b_transposed => {
             wt = second.transposed();
             &wt
         }
         _ => second,
     };
-    // SwiGLU's `up` is a second `b`: read in place as `b` is, never made contiguous
-    let up = match epilogue {
-        Epilogue::SwiGLU { up } => up,
-        _ => None,
-    };
+    // An epilogue's second weight (e.g. SwiGLU's `up`) is read in place as `b` is, never
+    // made contiguous: prepared with `b`, at `ops.t[2]`.
+    let weight = epilogue
+        .listed()
+        .find(|(r, _)| r.kind == OperandKind::Weight)
+        .map(|(_, t)| *t);
     let ops = Operands::prepare(
         rt,
-        &[&[first, second][..], up.as_slice()].concat(),
+        &[&[first, second][..], weight.as_slice()].concat(),
         Some(offs),
     )?;
-    if up.is_some() && !same_strides(&ops.t[1], &ops.t[2]) {
+    if weight.is_some() && !same_strides(&ops.t[1], &ops.t[2]) {
         // the kernels read both weights with `b`'s strides: the caller composes
         return Ok(None);
     }
     let src = src.map(|(s, _)| contiguous_int32(rt, s)).transpose()?;
-    let epilogue = match epilogue {
-        Epilogue::SwiGLU { up: Some(_) } => Epilogue::SwiGLU {
-            up: Some(ops.t[2].clone()),
-        },
-        e => e.try_map(|t| contiguous(rt, t))?,
+    // the rest made contiguous, by position
+    let mut prepared = Epilogue {
+        rule: epilogue.rule,
+        ..Epilogue::default()
     };
+    let listed = epilogue.rule.map_or(&[][..], |e| e.operands);
+    for ((slot, o), r) in prepared
+        .operands
+        .iter_mut()
+        .zip(epilogue.operands)
+        .zip(listed)
+    {
+        *slot = match o {
+            None => None,
+            Some(_) if r.kind == OperandKind::Weight => Some(ops.t[2].clone()),
+            Some(t) => Some(contiguous(rt, t)?),
+        };
+    }
+    let epilogue = prepared;
     // GroupedK on CUDA reads its first operand (transposed, as the backward's dB = aᵀ·grad
     // reads it) and the gathered one row-major (the bridge's `Fusion`); rows gathered
     // below are read from the same tensors (no second copy).
@@ -127,24 +141,25 @@ pub unsafe fn product<R: Runtime>(
     };
     let shape = c_shape(&plan, &shapes);
     let (target, c) = Target::new(rt, out, (form, transposed), shape, (dtype, device))?;
-    let mut alloc = |i: usize, dtype| shapes.get(i).map(|s| rt.alloc(s, dtype, device));
-    let act = alloc(1, dtype).transpose()?;
-    let partial = alloc(2, DType::F32).transpose()?;
+    let outputs = plan.epilogue.map_or(&[][..], |e| e.outputs);
+    let rest = (outputs.iter().zip(&shapes).skip(1))
+        .map(|(o, s)| rt.alloc(s, if o.f32 { DType::F32 } else { dtype }, device))
+        .collect::<Result<Vec<_>>>()?;
     if plan.is_empty() {
-        return Ok(Some(Outputs::new(target.unwritten(), act, partial)));
+        return Ok(Some(Outputs::new(target.unwritten(), rest)));
     }
+    let rest_t: Vec<&Tensor> = rest.iter().map(|(_, t)| t).collect();
     let fusion = |src, retry| cuda::Fusion {
         src,
         retry,
         src_b,
         epilogue: epilogue.as_ref(),
-        act: act.as_ref().map(|(_, t)| t),
-        partial: partial.as_ref().map(|(_, t)| t),
+        outputs: &rest_t,
     };
     let (p, offs) = (&plan.product, (ops.offs.as_ref(), offs_vals.as_deref()));
     // SAFETY: forwarded contract; the operands live (or copies the face keeps for the
     // call), the epilogue's contiguous, the outputs fresh and contiguous or `out`, which
-    // is disjoint from every input or (DGated) `pre` itself (checked above).
+    // is disjoint from every input or an operand its rule lets it be (checked above).
     let mut ran = unsafe { submit(rt, p, &x, &y, offs, &fusion(src.as_ref(), false), &c)? };
     if let (false, Some(src)) = (ran, &src) {
         // No kernel reads the rows through `src` here: gather them first and ask again
@@ -159,7 +174,7 @@ pub unsafe fn product<R: Runtime>(
         return Ok(None);
     }
     let c = target.finish(rt, transposed)?;
-    Ok(Some(Outputs::new(c, act, partial)))
+    Ok(Some(Outputs::new(c, rest)))
 }
 
 /// [`run`] of the product over `x` and `y`: GroupedK `Σ x_rᵀ · y_r` (`x` read
@@ -188,8 +203,8 @@ unsafe fn submit<R: Runtime>(
     unsafe { run(rt, plan, x, y, offs, offs_vals, fusion, c) }
 }
 
-/// True when `b` and `up` (SwiGLU's two weights) have the same strides, so that the
-/// kernels read both through `b`'s.
+/// True when `b` and an epilogue's second weight (e.g. SwiGLU's `up`) have the same
+/// strides, so that the kernels read both through `b`'s.
 fn same_strides(b: &Tensor, up: &Tensor) -> bool {
     b.layout.strides == up.layout.strides && b.layout.shape == up.layout.shape
 }

@@ -7,13 +7,14 @@ use crate::shape::{Epilogue, Form, Gathered};
 /// One product of the MoE layer as a face asks it (built on the stack, per call).
 #[derive(Debug)]
 pub struct ProductRequest<'a, O> {
-    /// GroupedM (groups along the routed rows: `gather_mm`, `swiglu_mm`, `dgated_mm`) or
-    /// GroupedK (groups along the reduction over them: `gather_k_mm`).
+    /// GroupedM (groups along the routed rows: `gather_mm`, `product`) or GroupedK (groups along the reduction over them: `gather_k_mm`).
     pub form: Form,
-    /// The first operand: `x`, `dy` (DGated) or `a` (GroupedK); every other operand has
-    /// its device and, but `offs`, `src` and `scale`, its dtype.
+    /// The first operand: `x`, an epilogue's (its rule's `a`, e.g. `dy`) or `a`
+    /// (GroupedK); every other operand has its device and, but `offs`, `src` and the
+    /// epilogue's float32 ones, its dtype.
     pub a: &'a Tensor,
-    /// The second: `w` (DGated reads it transposed, in place) or `b` (GroupedK).
+    /// The second: `w` (read transposed, in place, where the epilogue's rule says so) or
+    /// `b` (GroupedK).
     pub b: &'a Tensor,
     /// int32 `[G]`, the group ends over the routed rows.
     pub offs: &'a IntTensor,
@@ -29,7 +30,8 @@ pub struct ProductRequest<'a, O> {
     /// The dtype of `c` (default: `a`'s).
     pub out_dtype: Option<DType>,
     /// Written instead of a fresh `c` (checked as every output is,
-    /// [`check_out`](crate::exec::operands::check_out); for DGated it may be `pre` itself,
+    /// [`check_out`](crate::exec::operands::check_out); it may be an epilogue operand
+    /// whose rule says so,
     /// [`shape::check_same_or_disjoint`](crate::shape::check_same_or_disjoint)) and
     /// returned in its place: in place wherever the kernels can write it as it is
     /// (GroupedK: any row-major layout, e.g. a slab of a larger gradient; else contiguous),
@@ -47,7 +49,7 @@ impl<'a, O> ProductRequest<'a, O> {
             b,
             offs,
             src: None,
-            epilogue: Epilogue::Plain,
+            epilogue: Epilogue::plain(),
             transposed: false,
             out_dtype: None,
             out: None,
@@ -55,25 +57,27 @@ impl<'a, O> ProductRequest<'a, O> {
     }
 }
 
-/// The outputs of a product: `c` (the product; with an epilogue the pre-activation
-/// `pre`, or its gradient `dpre`), then the epilogue's: `act` (SwiGLU, DGated) and
-/// `partial` (DGated); fresh and contiguous but an `out` given.
+/// The outputs of a product: `c` (the product; with an epilogue that lists outputs, its
+/// first), then the epilogue's others in its rule's order (e.g. `act`, `partial`); fresh
+/// and contiguous but an `out` given.
 #[derive(Debug)]
 pub struct Outputs<O> {
-    /// The product, `pre` or `dpre`.
+    /// The product, or the epilogue's first output.
     pub c: O,
-    /// `act [R, F]`, of `c`'s dtype.
-    pub act: Option<O>,
-    /// float32 `partial [⌈F/64⌉, R]`.
-    pub partial: Option<O>,
+    /// The epilogue's other outputs (its rule's `outputs[1..]`).
+    pub rest: Vec<O>,
 }
 
 impl<O> Outputs<O> {
-    pub(super) fn new(c: O, act: Option<Output<O>>, partial: Option<Output<O>>) -> Self {
+    pub(super) fn new(c: O, rest: Vec<Output<O>>) -> Self {
         Outputs {
             c,
-            act: act.map(|(o, _)| o),
-            partial: partial.map(|(o, _)| o),
+            rest: rest.into_iter().map(|(o, _)| o).collect(),
         }
+    }
+
+    /// Every output, `c` first.
+    pub fn all(self) -> Vec<O> {
+        std::iter::once(self.c).chain(self.rest).collect()
     }
 }

@@ -3,15 +3,15 @@
 use super::request::ProductRequest;
 use crate::error::Result;
 use crate::exec::operands::check_out;
-use crate::shape::{self, Epilogue, ProductDims};
+use crate::shape::{self, OperandKind, ProductDims};
 
-/// The shape of `c`: the product's output, or an epilogue's first (`pre`, `dpre`).
+/// The shape of `c`: the product's output, or an epilogue's first (e.g. `pre`, `dpre`).
 pub(super) fn c_shape<'p>(plan: &'p ProductDims, shapes: &'p [[usize; 2]]) -> &'p [usize] {
     shapes.first().map_or(&plan.product.out_shape, |s| s)
 }
 
-/// Every check of a request: agreement with the first operand (dtype and device; `scale`
-/// float32), the shape rule, then `out`. Nothing is read, allocated or written. Returns
+/// Every check of a request: agreement with the first operand (dtype and device; an
+/// epilogue's float32 operands float32), the shape rule, then `out`. Nothing is read, allocated or written. Returns
 /// the extents and the epilogue's output shapes ([`ProductDims::out_shapes`]).
 pub(super) fn validate<O>(req: &ProductRequest<'_, O>) -> Result<(ProductDims, Vec<[usize; 2]>)> {
     let (a, like) = (req.a, req.a.reference());
@@ -21,24 +21,17 @@ pub(super) fn validate<O>(req: &ProductRequest<'_, O>) -> Result<(ProductDims, V
         shape::check_like("src", (None, s.device), na, like)?;
     }
     shape::check_like("offs", (None, req.offs.device), na, like)?;
-    if let Epilogue::SwiGLU { up: Some(up) } = req.epilogue {
-        shape::check_like("up", up.like(), na, like)?;
-    }
-    let (pre, scale) = match req.epilogue {
-        Epilogue::DGated { pre, scale } => {
-            (Some(pre), Some((scale, "the router weight of each row")))
+    for (rule, t) in req.epilogue.listed() {
+        match rule.kind {
+            OperandKind::Like | OperandKind::Weight => {
+                shape::check_like(rule.name, t.like(), na, like)?;
+            }
+            OperandKind::F32(what) => {
+                shape::check_like(rule.name, (None, t.device), na, like)?;
+                shape::check_f32(rule.name, t.dtype, what)?;
+            }
         }
-        Epilogue::RowScale { scale } => (None, Some((scale, "the scale of each row"))),
-        _ => (None, None),
-    };
-    if let Some(pre) = pre {
-        shape::check_like("pre", pre.like(), na, like)?;
     }
-    if let Some((scale, what)) = scale {
-        shape::check_like("scale", (None, scale.device), na, like)?;
-        shape::check_f32("scale", scale.dtype, what)?;
-    }
-    let scale = scale.map(|(s, _)| s);
     let plan = shape::plan_product(&shape::ProductShape {
         form: req.form,
         a: &a.layout,
@@ -61,15 +54,20 @@ pub(super) fn validate<O>(req: &ProductRequest<'_, O>) -> Result<(ProductDims, V
             _ => c,
         };
         let dtype = req.out_dtype.unwrap_or(a.dtype);
+        let listed = || req.epilogue.listed();
         let inputs = [(na, a), (nb, req.b)].into_iter();
-        let inputs = inputs.chain(scale.map(|s| ("scale", s)));
+        let inputs = inputs.chain(
+            listed()
+                .filter(|(r, _)| !r.out_may_be)
+                .map(|(r, t)| (r.name, *t)),
+        );
         check_out("out", t, shape, dtype, (na, a), inputs)?;
-        if let Some(p) = pre {
+        for (r, p) in listed().filter(|(r, _)| r.out_may_be) {
             let (o, p) = (
                 (t.ptr, &t.layout, t.byte_range()),
                 (p.ptr, &p.layout, p.byte_range()),
             );
-            shape::check_same_or_disjoint("out", o, "pre", p)?;
+            shape::check_same_or_disjoint("out", o, r.name, p)?;
         }
     }
     Ok((plan, shapes))

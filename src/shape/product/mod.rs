@@ -6,30 +6,31 @@
 //! element by element: the bridge's `Fusion` (src/exec/ffi.rs). Dtype and device agreement
 //! by [`super::check_like`] and [`check_f32`], which the engine applies first.
 //!
-//! | request ([`Form`], [`Epilogue`]) | operands | product | outputs |
+//! | request ([`Form`], epilogue) | operands | product | outputs |
 //! | --- | --- | --- | --- |
-//! | `gather_mm` (GroupedM, `Plain`) | `x [T, K]`, `w [G, K, N]`, `src [R]` | `x[src] · w[g]` | `[R, N]` |
-//! | `swiglu_mm` (GroupedM, `SwiGLU`) | `x [T, K]`, `w [G, K, 2F]`, `src [R]` | `p = x[src] · w[g]`, `[R, 2F]` | `pre [R, 2F]` (`= p`), `act [R, F]` |
-//! | `swiglu_mm` with `up` (GroupedM, `SwiGLU { up }`) | `x [T, K]`, `w [G, K, F]` (the gate), `up [G, K, F]`, `src [R]` | `p = x[src] · [w[g] \| up[g]]`, `[R, 2F]` | as above |
-//! | `dgated_mm` (GroupedM, `DGated`) | `dy [T, D]`, `w [G, F, D]` (the down projection's), `pre [R, 2F]`, `scale [R]`, `src [R]` | `p = dy[src] · w[g]ᵀ`, `[R, F]` | `dpre [R, 2F]`, `act [R, F]`, `partial [⌈F/64⌉, R]` |
-//! | `row_scaled_mm` (GroupedM, `RowScale`) | `x [T, K]`, `w [G, K, N]`, `scale [R]`, `src [R]` | `p = x[src] · w[g]` | `scale[r] · p[r]`, `[R, N]` |
-//! | `gather_k_mm` (GroupedK, `Plain`) | `a [Ta, K]`, `b [Tb, N]`, `src [R]` gathering one of them | `Σ a_rᵀ · b_r` per group | `[G, K, N]` |
+//! | `gather_mm` (GroupedM, plain) | `x [T, K]`, `w [G, K, N]`, `src [R]` | `x[src] · w[g]` | `[R, N]` |
+//! | `product` (GroupedM, a rule of [`EPILOGUES`]) | `x [T, K]` (or `dy`), `w`, `src [R]`, the rule's operands | the rule's (`a · w[g]`, or `a · w[g]ᵀ`) | the rule's outputs |
+//! | `gather_k_mm` (GroupedK, plain) | `a [Ta, K]`, `b [Tb, N]`, `src [R]` gathering one of them | `Σ a_rᵀ · b_r` per group | `[G, K, N]` |
 //!
 //! `src` absent: `R` is the rows of the first operand, read in order. `offs` (1-D,
 //! [`super::offs_len`]) holds the group ends over the `R` rows; rows past its last entry
 //! are zeros in every output (GroupedK: belong to no group). `src` values are never a
 //! shape error (the row ops' rule, [`super::check_indices`], on the host).
 //!
-//! The rule of each request lives in `rules`; this module holds the request, its extents
-//! and the dispatch between the rules.
+//! The rule of each request lives in `rules`, each epilogue's entry in `epilogues`; this
+//! module holds the request, its extents and the dispatch between the rules.
 
+mod epilogues;
 mod rules;
 
-use super::{rows::gate_up_half, Epilogue, Form, PackedDims};
+pub use epilogues::{check_operands, epilogue, EPILOGUES};
+
+use super::epilogue::{EpilogueRule, EpilogueShapes};
+use super::{Epilogue, Form, PackedDims};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::layout::Layout;
-use rules::{dgated, grouped_k, grouped_m, per_row, swiglu_pair};
+use rules::{grouped_k, grouped_m};
 use std::fmt::Display;
 
 /// The columns of `p` that one row of `DGated`'s `partial` output sums (its rows are
@@ -50,8 +51,7 @@ pub enum Gathered {
 /// A product request as the rules see it (the engine's request reduced to layouts).
 #[derive(Debug, Clone, Copy)]
 pub struct ProductShape<'a> {
-    /// GroupedM (groups along the routed rows: `gather_mm`, `swiglu_mm`, `dgated_mm`) or
-    /// GroupedK (groups along the reduction over them: `gather_k_mm`).
+    /// GroupedM (groups along the routed rows: `gather_mm`, `product`) or GroupedK (groups along the reduction over them: `gather_k_mm`).
     pub form: Form,
     /// The first operand.
     pub a: &'a Layout,
@@ -70,28 +70,23 @@ pub struct ProductShape<'a> {
 /// The extents of a validated product request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProductDims {
-    /// The epilogue's kind.
-    pub epilogue: Epilogue<()>,
-    /// The product that runs: GroupedM over the `R` rows (`m = R`; with an epilogue
-    /// `n = 2F` for SwiGLU, `F` for DGated), or GroupedK over them (`k = R`; transposed:
-    /// `[N, R] · [R, K]`, whose output's transposed view is the result).
+    /// The epilogue's rule; `None`: a plain product.
+    pub epilogue: Option<&'static EpilogueRule>,
+    /// The product that runs: GroupedM over the `R` rows (`m = R`; with an epilogue its
+    /// rule's), or GroupedK over them (`k = R`; transposed: `[N, R] · [R, K]`, whose
+    /// output's transposed view is the result).
     pub product: PackedDims,
-    /// `F`: the columns of `act` (half those of the pre-activation); 0 without an
-    /// epilogue.
+    /// `F`: the epilogue rule's column count (the outputs' shapes); 0 without one.
     pub f: usize,
 }
 
 impl ProductDims {
-    /// The shapes of an epilogue's outputs, in the order the op returns them: SwiGLU
-    /// `pre`, `act`; DGated `dpre`, `act`, `partial`. None for a plain product, whose one
-    /// output is the product's (`product.out_shape`).
+    /// The shapes of an epilogue's outputs, in the order the op returns them (its rule's
+    /// `outputs`). None where the one output is the product's (`product.out_shape`).
     pub fn out_shapes(&self) -> Vec<[usize; 2]> {
         let (r, f) = (self.product.m, self.f);
-        match self.epilogue {
-            Epilogue::Plain | Epilogue::RowScale { .. } => Vec::new(),
-            Epilogue::SwiGLU { .. } => vec![[r, 2 * f], [r, f]],
-            Epilogue::DGated { .. } => vec![[r, 2 * f], [r, f], [f.div_ceil(PARTIAL_COLS), r]],
-        }
+        let outputs = self.epilogue.map_or(&[][..], |e| e.outputs);
+        outputs.iter().map(|o| (o.shape)(r, f)).collect()
     }
 
     /// An epilogue product none of whose outputs has an element (no routed rows, e.g. an
@@ -99,31 +94,29 @@ impl ProductDims {
     /// compute, no kernel to ask. A plain product always runs.
     pub fn is_empty(&self) -> bool {
         let p = &self.product;
-        self.epilogue != Epilogue::Plain && (p.m == 0 || p.n == 0)
+        self.epilogue.is_some() && (p.m == 0 || p.n == 0)
     }
 }
 
 /// The names of a product's two operands in messages, as the faces call them:
-/// `gather_k_mm`'s `a`, `b`; `gather_mm`'s and `swiglu_mm`'s `x`, `w`; `dgated_mm`'s
-/// `dy`, `w`.
+/// `gather_k_mm`'s `a`, `b`; `gather_mm`'s `x`, `w`; an epilogue's its rule's `a`
+/// (`x`, `dy`) and `w`.
 pub fn operand_names<T>(form: Form, epilogue: &Epilogue<T>) -> [&'static str; 2] {
-    match (form, epilogue) {
-        (Form::GroupedK, _) => ["a", "b"],
-        (_, Epilogue::DGated { .. }) => ["dy", "w"],
-        _ => ["x", "w"],
+    match form {
+        Form::GroupedK => ["a", "b"],
+        _ => [epilogue.a_name(), "w"],
     }
 }
 
 /// Validates a product request and returns its extents: the GroupedM rule of the
-/// gathered rows (`x [T, K]`, `w [G, K, N]`, `src [R]`; then with SwiGLU `w`'s columns
-/// `[gate | up]` even, with DGated `dy [T, D]`, `w [G, F, D]`, `pre [R, 2F]`,
-/// `scale [R]`), or the GroupedK rule (`a`, `b` 2-D, the operand read in order with
+/// gathered rows (`x [T, K]`, `w [G, K, N]`, `src [R]`; with an epilogue its rule's,
+/// [`EPILOGUES`]), or the GroupedK rule (`a`, `b` 2-D, the operand read in order with
 /// `R = len(src)` rows, the gathered one any number). Names in messages are the faces'
 /// ([`operand_names`]).
 pub fn plan_product(p: &ProductShape<'_>) -> Result<ProductDims> {
-    let epilogue = p.epilogue.kind();
+    let epilogue = p.epilogue.rule;
     let (product, f) = match (p.form, p.src, p.transposed) {
-        (Form::GroupedK, Some((src, gathered)), transposed) if epilogue == Epilogue::Plain => {
+        (Form::GroupedK, Some((src, gathered)), transposed) if epilogue.is_none() => {
             let gathered_b = gathered == Gathered::B;
             (
                 grouped_k(p.a, p.b, src, p.offs_len, gathered_b, transposed)?,
@@ -132,18 +125,17 @@ pub fn plan_product(p: &ProductShape<'_>) -> Result<ProductDims> {
         }
         (Form::GroupedM, None | Some((_, Gathered::A)), false) => {
             let src = p.src.map(|(s, _)| s);
-            match p.epilogue {
-                Epilogue::Plain => (grouped_m(p.a, p.b, src, p.offs_len)?, 0),
-                Epilogue::SwiGLU { up: None } => {
-                    let product = grouped_m(p.a, p.b, src, p.offs_len)?;
-                    (product, gate_up_half("w", &p.b.shape)?)
-                }
-                Epilogue::SwiGLU { up: Some(up) } => swiglu_pair(p.a, p.b, up, src, p.offs_len)?,
-                Epilogue::DGated { pre, scale } => dgated(p.a, p.b, pre, scale, src, p.offs_len)?,
-                Epilogue::RowScale { scale } => {
-                    let product = grouped_m(p.a, p.b, src, p.offs_len)?;
-                    per_row("scale", scale, product.m, src.is_some())?;
-                    (product, 0)
+            match epilogue {
+                None => (grouped_m(p.a, p.b, src, p.offs_len)?, 0),
+                Some(e) => {
+                    epilogues::check_operands(e, &p.epilogue.operands)?;
+                    (e.plan)(&EpilogueShapes {
+                        a: p.a,
+                        b: p.b,
+                        operands: &p.epilogue.operands,
+                        src,
+                        offs_len: p.offs_len,
+                    })?
                 }
             }
         }
@@ -163,7 +155,7 @@ pub fn plan_product(p: &ProductShape<'_>) -> Result<ProductDims> {
     })
 }
 
-/// An operand the kernels read as float32 only (`dgated_mm`'s `scale`); `what` says
+/// An operand the kernels read as float32 only (an epilogue's `scale`); `what` says
 /// what it is.
 pub fn check_f32(arg: impl Display, found: DType, what: &str) -> Result<()> {
     if found != DType::F32 {

@@ -1,5 +1,5 @@
-//! The shape rule of each product request that `plan_product` dispatches to: the
-//! gathered GroupedM product (plain, RowScale, SwiGLU over one weight or two, DGated) and
+//! The shape rules that `plan_product` and the epilogues' entries (`epilogues`) build on:
+//! the gathered GroupedM product (plain, over two weights, transposed weights) and
 //! the GroupedK product over gathered rows, with the checks they share (`R` from `src`,
 //! `G = len(offs)`). Messages name the operands as the faces do.
 
@@ -176,8 +176,8 @@ pub(super) fn dgated(
     Ok((plan_packed(&rows, &w.transposed(), Some(offs_len))?, f))
 }
 
-/// `RowScale`'s `scale`: one value per row of the product, `[R]` (`R` the rows of `x`, or
-/// with `src` its length).
+/// An operand with one value per row of the product, `[R]` (`R` the rows of `x`, or with
+/// `src` its length), e.g. a scale.
 pub(super) fn per_row(name: &str, scale: &Layout, r: usize, gathered: bool) -> Result<()> {
     if scale.shape == [r] {
         return Ok(());

@@ -4,8 +4,9 @@
 //
 // An epilogue policy (plain.cuh, swiglu.cuh, dgated.cuh) owns everything of one epilogue,
 // derived from EpilogueBase<its Args> or FusedEpilogue (whose defaults it keeps or hides):
-//   Args                 its block of varlen::Args (<name>.h, plain C++: the host fills it
-//                        and can_read asks its clause); kEpi, its Config::epi
+//   Args                 its argument block (<name>.h, plain C++: from(), the block read
+//                        from Args::epi by position; given() and its can_read clause, which
+//                        its registry entries ask); kEpi, its name and Config::epi
 //   fits(mode, s, bn)    the configurations it runs in (Cfg asserts it)
 //   Params               its kernel parameters (KernelParams::epi, config.cuh)
 //   coop_chunks(bn)      the cooperative staging tile's chunk buffers (default: the tile)
@@ -20,9 +21,9 @@
 //   CoopState, prefetch_coop<C>  a cooperative warpgroup's state across tiles (store_coop's
 //                        last argument) and the hook before a tile's mainloop (default:
 //                        nothing)
-// Adding one: a value of Epilogue (device/types.h), <name>.h and <name>.cuh here, its block
-// in EpiArgs (args.h), its entries in a kernels/sm90_*_varlen_*.cu file (which includes
-// <name>.cuh), and the filling of its block from the request (epi_args, cuda/host/packed.cc).
+// Adding one: <name>.h and <name>.cuh here, and its lines in the list of the fused kernels
+// (kernels/varlen/fused.cuh: its header and its configurations). Its name and operand order
+// are its rule's (src/shape/product/epilogues.rs).
 //
 // Conversions go through the CUDA pair intrinsics: cutlass' scalar conversion is inline
 // asm that makes ptxas serialise every wgmma of the kernel (warning C7514). Shared-memory

@@ -64,7 +64,7 @@ struct DgatedEpi : FusedEpilogue<DgatedArgs> {
   static std::string tensor_maps(typename C::Params& p, const varlen::Args& x,
                                  CUtensorMapDataType dt) {
     constexpr uint64_t es = sizeof(typename C::T);
-    const auto& e = std::get<Args>(x.epi);
+    const auto& e = Args::from(x.epi);
     const int f = x.n;
     p.epi.f = f;
     p.epi.scale = e.scale;

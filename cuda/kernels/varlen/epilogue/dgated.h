@@ -1,11 +1,10 @@
-// The DGated epilogue's block of varlen::Args (its policy: dgated.cuh). Plain C++ (args.h
-// includes it).
+// The DGated epilogue's argument block (its policy: dgated.cuh; its rule, operand list and
+// meaning: src/shape/product/epilogues.rs). Plain C++.
 //
-// The backward of the routed expert block's down projection (the meaning is Fusion's in
-// src/exec/ffi.rs): with F = n, the product p [m, F] is not stored; d = dpre [m, 2F],
-// act = scale * silu(g) * u [m, F], partial [ceil(F / 64), m] (f32) the per-chunk row sums of
-// p * silu(g) * u, from pre [m, 2F] and scale [m] (f32). Every one contiguous (row stride
-// 2F, F or m).
+// The backward of the routed expert block's down projection: with F = n, the product p [m, F] is
+// not stored; d = dpre [m, 2F], act = scale * silu(g) * u [m, F], partial [ceil(F / 64), m] (f32)
+// the per-chunk row sums of p * silu(g) * u, from pre [m, 2F] and scale [m] (f32). Every one
+// contiguous (row stride 2F, F or m).
 #pragma once
 #include <cstdint>
 
@@ -15,15 +14,23 @@
 namespace gmm::varlen {
 
 struct DgatedArgs {
-  static constexpr Epilogue kEpi = Epilogue::DGated;
+  static constexpr Epilogue kEpi = "dgated";
   void* act = nullptr;
   const void* pre = nullptr;
   const float* scale = nullptr;
   float* partial = nullptr;
-  // Its operands are in the request (packed.cc).
+  // Its rule's operands by position: pre, scale, act, partial.
+  static DgatedArgs from(const EpiOperands& o) {
+    DgatedArgs e;
+    e.pre = o.ptr<const void>(0);
+    e.scale = o.ptr<const float>(1);
+    e.act = o.ptr<void>(2);
+    e.partial = o.ptr<float>(3);
+    return e;
+  }
   bool given() const { return act && pre && scale && partial; }
-  // can_read's clause (args.h): varlen-M, F a multiple of 8 (16-byte halves), d contiguous,
-  // act and pre 16-byte aligned, scale and partial given.
+  // can_read's clause (entries.cuh, epi_reads): varlen-M, F a multiple of 8 (16-byte halves), d
+  // contiguous, act and pre 16-byte aligned, scale and partial given.
   template <class A>
   bool can_read(const A& x) const {
     const int64_t f = x.n;

@@ -18,7 +18,7 @@ struct RowScaleEpi : FusedEpilogue<RowScaleArgs> {
   template <class C>
   static std::string tensor_maps(typename C::Params& p, const varlen::Args& x,
                                  CUtensorMapDataType dt) {
-    p.epi.scale = std::get<Args>(x.epi).scale;
+    p.epi.scale = Args::from(x.epi).scale;
     return encode_ragged(&p.tma_d, dt, x.d, x.n, x.ldd, 64, 64, "D [T, N] (ragged)");
   }
 

@@ -32,7 +32,7 @@ struct SwigluEpi : FusedEpilogue<SwigluArgs> {
     constexpr uint64_t es = sizeof(typename C::T);
     const int64_t f = x.n / 2;
     const uint64_t sb[2] = {uint64_t(x.ldb) * es, uint64_t(x.ldb_batch) * es};
-    const auto& e = std::get<Args>(x.epi);
+    const auto& e = Args::from(x.epi);
     const char* b = static_cast<const char*>(x.b);
     const char* up = e.up != nullptr ? static_cast<const char*>(e.up)
                                      : b + (C::kBKMajor ? f * x.ldb : f) * int64_t(es);

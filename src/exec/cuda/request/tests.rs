@@ -128,9 +128,8 @@ fn backward_request_reads_transposed_views_in_place() {
     assert_eq!(r.form, ffi::Form::GroupedK);
     assert_eq!(r.fusion.src, 0, "no gathered rows unless asked for");
     assert!(!r.fusion.src_b);
-    assert_eq!(r.fusion.epilogue, ffi::Epilogue::Plain);
-    let f = r.fusion;
-    assert_eq!((f.act, f.pre, f.scale, f.partial), (0, 0, 0, 0));
+    assert_eq!(r.fusion.epilogue, "");
+    assert_eq!(r.fusion.operands, [0; 6]);
     assert_eq!((r.groups, r.m, r.n, r.k), (4, 32, 48, 64));
     assert_eq!(
         (r.a.rows, r.a.cols, r.a.ld, r.a.col_major),
@@ -161,7 +160,7 @@ fn gathered_request_carries_src_and_the_rows_of_x() {
         (r.m, r.n, r.k, r.a.rows, r.fusion.src),
         (24, 8, 16, 10, 4096)
     );
-    assert_eq!(r.fusion.epilogue, ffi::Epilogue::Plain);
+    assert_eq!(r.fusion.epilogue, "");
 }
 
 /// `gather_k_mm`'s request: a GroupedK product over the `R` routed rows whose `a` is
@@ -178,7 +177,14 @@ fn gathered_k_request_reads_the_source_rows() {
             true => (row_major(rows, k), row_major(rows_x, n)),
         };
         let ab = (&a.layout, &b.layout);
-        let plan = plan(Form::GroupedK, ab, Some((&src, src_b)), Epilogue::Plain, g).product;
+        let plan = plan(
+            Form::GroupedK,
+            ab,
+            Some((&src, src_b)),
+            Epilogue::plain(),
+            g,
+        )
+        .product;
         let c = t(&plan.out_shape, &[(k * n) as isize, n as isize, 1]);
         let gather = Fusion {
             src: Some(&src),
@@ -190,7 +196,7 @@ fn gathered_k_request_reads_the_source_rows() {
         assert_eq!(r.form, ffi::Form::GroupedK);
         assert_eq!((r.groups, r.m, r.n, r.k), (3, 16, 8, 24));
         assert_eq!((r.fusion.src, r.fusion.src_b), (4096, src_b));
-        assert_eq!(r.fusion.epilogue, ffi::Epilogue::Plain);
+        assert_eq!(r.fusion.epilogue, "");
         let a_rows = if src_b { rows } else { rows_x };
         assert_eq!(
             (r.a.rows, r.a.cols, r.a.ld, r.a.col_major),
@@ -205,10 +211,11 @@ fn gathered_k_request_reads_the_source_rows() {
     }
 }
 
-/// `swiglu_mm`'s request: the gathered product into `pre` `[R, 2F]` with the SwiGLU
+/// The SwiGLU epilogue's request: the gathered product into `pre` `[R, 2F]` with the SwiGLU
 /// epilogue writing `act`; nothing of DGated's.
 #[test]
 fn swiglu_request_carries_the_activation() {
+    let swiglu = crate::shape::find_epilogue("swiglu").unwrap();
     let (rows_x, rows, k, f, g) = (10usize, 24usize, 16usize, 8usize, 3usize);
     let x = t(&[rows_x, k], &[k as isize, 1]);
     // w [G, K, 2F] column-major in its last two dims (an [E, 2F, K] weight's view)
@@ -229,7 +236,7 @@ fn swiglu_request_carries_the_activation() {
         Form::GroupedM,
         xw,
         Some((&src, false)),
-        Epilogue::SwiGLU { up: None },
+        Epilogue::new(swiglu, [None]),
         g,
     );
     let [pre, act] = [0, 1].map(|i| Tensor {
@@ -240,9 +247,8 @@ fn swiglu_request_carries_the_activation() {
     let fusion = Fusion {
         src: Some(&src),
         src_b: false,
-        epilogue: Epilogue::SwiGLU { up: None },
-        act: Some(&act),
-        partial: None,
+        epilogue: Epilogue::new(swiglu, [None]),
+        outputs: &[&act],
         retry: false,
     };
     let r = packed_request(&d.product, &x, &w, Some(&offs), &fusion, &pre, (77, false)).unwrap();
@@ -251,14 +257,11 @@ fn swiglu_request_carries_the_activation() {
     assert_eq!((r.b.ld, r.b.col_major), (16, true));
     assert_eq!((r.c.ptr, r.c.rows, r.c.cols, r.c.ld), (1 << 20, 24, 16, 16));
     let fu = r.fusion;
-    assert_eq!(
-        (fu.epilogue, fu.src, fu.act),
-        (ffi::Epilogue::SwiGLU, 4096, 1 << 21)
-    );
-    assert_eq!((fu.pre, fu.scale, fu.partial), (0, 0, 0));
+    assert_eq!((fu.epilogue, fu.src), ("swiglu", 4096));
+    assert_eq!(fu.operands, [0, 1 << 21, 0, 0, 0, 0], "up absent, then act");
 }
 
-/// `dgated_mm`'s request: `p = dy · w[g]ᵀ` (n = F, the down projection's weight read
+/// The DGated epilogue's request: `p = dy · w[g]ᵀ` (n = F, the down projection's weight read
 /// transposed in place) into `dpre` `[R, 2F]`, with every DGated operand.
 #[test]
 fn dgated_request_carries_every_operand() {
@@ -283,10 +286,8 @@ fn dgated_request_carries_every_operand() {
     };
     let pre = tensor(1 << 20, &[rows, 2 * f], DType::BF16);
     let scale = tensor(1 << 21, &[rows], DType::F32);
-    let epilogue = Epilogue::DGated {
-        pre: &pre.layout,
-        scale: &scale.layout,
-    };
+    let dgated = crate::shape::find_epilogue("dgated").unwrap();
+    let epilogue = Epilogue::new(dgated, [Some(&pre.layout), Some(&scale.layout)]);
     let d = plan(Form::GroupedM, (&dy.layout, &w.layout), None, epilogue, g);
     let shapes = d.out_shapes();
     assert_eq!(shapes[2], [2, rows], "ceil(72 / 64) chunks");
@@ -296,12 +297,8 @@ fn dgated_request_carries_every_operand() {
     let fusion = Fusion {
         src: None,
         src_b: false,
-        epilogue: Epilogue::DGated {
-            pre: &pre,
-            scale: &scale,
-        },
-        act: Some(&act),
-        partial: Some(&partial),
+        epilogue: Epilogue::new(dgated, [Some(&pre), Some(&scale)]),
+        outputs: &[&act, &partial],
         retry: true,
     };
     let wt = Transposable::transposed(&w);
@@ -327,14 +324,15 @@ fn dgated_request_carries_every_operand() {
     );
     assert_eq!((r.dtype, r.out_dtype), (ffi::DType::BF16, ffi::DType::BF16));
     let fu = r.fusion;
-    assert_eq!((fu.epilogue, fu.src), (ffi::Epilogue::DGated, 0));
+    assert_eq!((fu.epilogue, fu.src), ("dgated", 0));
     assert!(
         r.flag_taken,
         "a retry does not take the deferred error flag again"
     );
     assert_eq!(
-        (fu.act, fu.pre, fu.scale, fu.partial),
-        (1 << 23, 1 << 20, 1 << 21, 1 << 24)
+        fu.operands,
+        [1 << 20, 1 << 21, 1 << 23, 1 << 24, 0, 0],
+        "pre, scale, act, partial"
     );
 }
 

@@ -1,12 +1,13 @@
-//! The fused products (`swiglu_mm`, `dgated_mm`): their argument errors, the CPU's
+//! The fused products (the SwiGLU and DGated epilogues): their argument errors, the CPU's
 //! `None` without touching anything, and CUDA calls validated first.
 
 use super::super::*;
 use crate::error::Error;
 use crate::exec::vocab::Output;
 use crate::layout::Layout;
+use crate::shape::{find_epilogue, Epilogue};
 
-/// `swiglu_mm`'s request: `(pre, act)`.
+/// The SwiGLU epilogue's request: `(pre, act)`.
 unsafe fn swiglu_mm<R: Runtime>(
     rt: &mut R,
     x: &Tensor,
@@ -20,16 +21,16 @@ unsafe fn swiglu_mm<R: Runtime>(
         b: w,
         offs,
         src: src.map(|s| (s, Gathered::A)),
-        epilogue: Epilogue::SwiGLU { up: None },
+        epilogue: Epilogue::new(find_epilogue("swiglu")?, [None]),
         transposed: false,
         out_dtype: None,
         out: None,
     };
     let o = unsafe { product(rt, req) }?;
-    Ok(o.map(|o| [o.c, o.act.expect("act")]))
+    Ok(o.map(|o| o.all().try_into().ok().expect("pre, act")))
 }
 
-/// `dgated_mm`'s request: `(dpre, act, partial)`.
+/// The DGated epilogue's request: `(dpre, act, partial)`.
 #[allow(clippy::too_many_arguments)]
 unsafe fn dgated_mm<R: Runtime>(
     rt: &mut R,
@@ -47,13 +48,13 @@ unsafe fn dgated_mm<R: Runtime>(
         b: w,
         offs,
         src: src.map(|s| (s, Gathered::A)),
-        epilogue: Epilogue::DGated { pre, scale },
+        epilogue: Epilogue::new(find_epilogue("dgated")?, [Some(pre), Some(scale)]),
         transposed: false,
         out_dtype: None,
         out,
     };
     let o = unsafe { product(rt, req) }?;
-    Ok(o.map(|o| [o.c, o.act.expect("act"), o.partial.expect("partial")]))
+    Ok(o.map(|o| o.all().try_into().ok().expect("dpre, act, partial")))
 }
 
 /// A face whose every loan fails the test: the CPU path reads, copies and allocates

@@ -24,7 +24,7 @@ unsafe fn packed_gather_k<R: Runtime>(
         b,
         offs,
         src: Some((src, gathered)),
-        epilogue: Epilogue::Plain,
+        epilogue: crate::shape::Epilogue::plain(),
         transposed,
         out_dtype: None,
         out,

@@ -7,7 +7,7 @@ use super::*;
 fn swiglu_product_and_outputs() {
     // gathered: R = len(src) rows of x
     let d = plan_swiglu_mm(&c(&[10, 4]), &c(&[3, 4, 6]), Some(&c(&[24])), 3).unwrap();
-    assert_eq!(d.epilogue, Epilogue::SwiGLU { up: None });
+    assert_eq!(d.epilogue, Some(rule("swiglu")));
     let p = &d.product;
     assert_eq!(
         (p.form, p.groups, p.m, p.n, p.k),
@@ -32,7 +32,7 @@ fn swiglu_over_two_weights() {
     // the gate [G, K, F] and up [G, K, F]: a product of 2F columns, F odd allowed
     let (x, w, src) = (c(&[10, 4]), c(&[3, 4, 5]), c(&[24]));
     let up = c(&[3, 4, 5]);
-    let epilogue = Epilogue::SwiGLU { up: Some(&up) };
+    let epilogue = swiglu(Some(&up));
     let d = request(
         Form::GroupedM,
         (&x, &w),
@@ -42,20 +42,20 @@ fn swiglu_over_two_weights() {
         false,
     )
     .unwrap();
-    assert_eq!(d.epilogue, Epilogue::SwiGLU { up: Some(()) });
+    assert_eq!(d.epilogue, Some(rule("swiglu")));
     assert_eq!((d.product.m, d.product.n, d.product.k), (24, 10, 4));
     assert_eq!(d.product.out_shape, vec![24, 10]);
     assert_eq!((d.f, d.out_shapes()), (5, vec![[24, 10], [24, 5]]));
     // up of another shape: named, with w's
     let bad = c(&[3, 4, 6]);
-    let epilogue = Epilogue::SwiGLU { up: Some(&bad) };
+    let epilogue = swiglu(Some(&bad));
     let e = request(Form::GroupedM, (&x, &w), None, epilogue, 3, false).unwrap_err();
     assert_eq!(
         e.to_string(),
         "up: expected shape [3, 4, 5] (the shape of w, the gate), found [3, 4, 6]"
     );
     // the gate's own rule first
-    let epilogue = Epilogue::SwiGLU { up: Some(&up) };
+    let epilogue = swiglu(Some(&up));
     let e = request(
         Form::GroupedM,
         (&x, &c(&[3, 5, 5])),
@@ -110,7 +110,7 @@ fn dgated_product_and_outputs() {
         3,
     )
     .unwrap();
-    assert_eq!(d.epilogue, DGATED);
+    assert_eq!(d.epilogue, Some(rule("dgated")));
     let p = &d.product;
     assert_eq!(
         (p.form, p.groups, p.m, p.n, p.k),
@@ -134,11 +134,39 @@ fn dgated_product_and_outputs() {
 }
 
 #[test]
+fn epilogues_by_name_with_their_operands() {
+    assert_eq!(
+        epilogue("row_scaled").unwrap_err().to_string(),
+        "epilogue: expected one of swiglu, dgated, row_scale, found \"row_scaled\""
+    );
+    let (x, w) = (c(&[6, 8]), c(&[3, 8, 5]));
+    let plan = |e| request(Form::GroupedM, (&x, &w), None, e, 3, false);
+    let none = Epilogue::new(rule("row_scale"), [None]);
+    assert_eq!(
+        plan(none).unwrap_err().to_string(),
+        "operands: the row_scale epilogue needs scale (operand 0 of (scale)), found none"
+    );
+    let s = c(&[6]);
+    let two = Epilogue::new(rule("row_scale"), [Some(&s), Some(&s)]);
+    assert_eq!(
+        plan(two).unwrap_err().to_string(),
+        "operands: the row_scale epilogue takes (scale), found 2 operands"
+    );
+    // SwiGLU's `up` is optional; DGated needs both
+    assert!(plan(swiglu(None)).is_err(), "odd N: the gate | up rule");
+    let dgated = Epilogue::new(rule("dgated"), [Some(&s)]);
+    assert!(plan(dgated)
+        .unwrap_err()
+        .to_string()
+        .starts_with("operands: the dgated epilogue needs scale"));
+}
+
+#[test]
 fn row_scale_is_the_gathered_rule_with_one_scale_per_row() {
     let plan = |x: &[usize], scale: &[usize], src: Option<&[usize]>| {
         let src = src.map(c);
         let scale = c(scale);
-        let epilogue = Epilogue::RowScale { scale: &scale };
+        let epilogue = Epilogue::new(rule("row_scale"), [Some(&scale)]);
         let src = src.as_ref().map(|s| (s, Gathered::A));
         request(
             Form::GroupedM,

@@ -91,16 +91,16 @@ fn gathered_k_errors_name_the_argument() {
 fn names_and_requests_without_a_rule() {
     let (x, w) = (c(&[10, 4]), c(&[3, 4, 6]));
     assert_eq!(
-        operand_names(Form::GroupedK, &Epilogue::<()>::Plain),
+        operand_names(Form::GroupedK, &Epilogue::<()>::plain()),
         ["a", "b"]
     );
+    assert_eq!(operand_names(Form::GroupedM, &swiglu(None)), ["x", "w"]);
     assert_eq!(
-        operand_names(Form::GroupedM, &Epilogue::<()>::SwiGLU { up: None }),
-        ["x", "w"]
+        operand_names(Form::GroupedM, &Epilogue::<()>::new(rule("dgated"), [])),
+        ["dy", "w"]
     );
-    assert_eq!(operand_names(Form::GroupedM, &DGATED), ["dy", "w"]);
     // in order: R = T
-    let d = request(Form::GroupedM, (&x, &w), None, Epilogue::Plain, 3, false).unwrap();
+    let d = request(Form::GroupedM, (&x, &w), None, Epilogue::plain(), 3, false).unwrap();
     assert_eq!(
         (d.product.m, d.out_shapes(), d.is_empty()),
         (10, vec![], false)
@@ -111,18 +111,18 @@ fn names_and_requests_without_a_rule() {
         (
             Form::GroupedM,
             Some((&src, Gathered::B)),
-            Epilogue::Plain,
+            Epilogue::plain(),
             false,
         ),
-        (Form::GroupedM, None, Epilogue::SwiGLU { up: None }, true),
-        (Form::GroupedK, None, Epilogue::Plain, false),
+        (Form::GroupedM, None, swiglu(None), true),
+        (Form::GroupedK, None, Epilogue::plain(), false),
         (
             Form::GroupedK,
             Some((&src, Gathered::A)),
-            Epilogue::SwiGLU { up: None },
+            swiglu(None),
             false,
         ),
-        (Form::Batched, None, Epilogue::Plain, false),
+        (Form::Batched, None, Epilogue::plain(), false),
     ] {
         let e = request(form, (&x, &w), src, epilogue, 3, transposed).unwrap_err();
         assert!(

@@ -37,7 +37,7 @@ fn plan_gather(x: &Layout, w: &Layout, src: &Layout, offs_len: usize) -> Result<
         Form::GroupedM,
         (x, w),
         src,
-        Epilogue::Plain,
+        Epilogue::plain(),
         offs_len,
         false,
     )
@@ -58,7 +58,7 @@ fn plan_gather_k(
         Form::GroupedK,
         (a, b),
         Some((src, gathered)),
-        Epilogue::Plain,
+        Epilogue::plain(),
         offs_len,
         transposed,
     )?;
@@ -66,7 +66,7 @@ fn plan_gather_k(
     Ok(d.product)
 }
 
-/// `swiglu_mm`'s rule.
+/// The `swiglu` epilogue's rule.
 fn plan_swiglu_mm(
     x: &Layout,
     w: &Layout,
@@ -74,17 +74,10 @@ fn plan_swiglu_mm(
     offs_len: usize,
 ) -> Result<ProductDims> {
     let src = src.map(|s| (s, Gathered::A));
-    request(
-        Form::GroupedM,
-        (x, w),
-        src,
-        Epilogue::SwiGLU { up: None },
-        offs_len,
-        false,
-    )
+    request(Form::GroupedM, (x, w), src, swiglu(None), offs_len, false)
 }
 
-/// `dgated_mm`'s rule.
+/// The `dgated` epilogue's rule.
 fn plan_dgated_mm(
     dy: &Layout,
     w: &Layout,
@@ -94,8 +87,16 @@ fn plan_dgated_mm(
     offs_len: usize,
 ) -> Result<ProductDims> {
     let src = src.map(|s| (s, Gathered::A));
-    let epilogue = Epilogue::DGated { pre, scale };
+    let epilogue = Epilogue::new(rule("dgated"), [Some(pre), Some(scale)]);
     request(Form::GroupedM, (dy, w), src, epilogue, offs_len, false)
 }
 
-const DGATED: Epilogue<()> = Epilogue::DGated { pre: (), scale: () };
+/// The rule entry named `name`.
+fn rule(name: &str) -> &'static EpilogueRule {
+    epilogue(name).unwrap()
+}
+
+/// The SwiGLU epilogue, over `w`'s columns or with `up`.
+fn swiglu(up: Option<&Layout>) -> Epilogue<&Layout> {
+    Epilogue::new(rule("swiglu"), [up])
+}

@@ -1,9 +1,13 @@
-"""A GroupedM product scaled per row, ``out[r] = scale[r] * (x[r] @ w[g])`` for the rows
-``r`` of group ``g``: e.g. a router weight applied inside the down projection. On Hopper
-one kernel (the varlen kernels' RowScale epilogue, ``_native.row_scaled_mm``: the scale
-applied to the float32 product before it is rounded); elsewhere composed from a plain
-product. Op ``groupmm::row_scaled_mm`` with its fake and autograd formula; public as
-:func:`groupmm.fused.row_scaled_mm`.
+"""The public ops of one fused epilogue each (a rule entry of
+src/shape/product/epilogues.rs, run by ``_native.product``), every name of ``__all__``
+public in :mod:`groupmm.fused`: each a ``torch.library`` op with its fake, its
+composition where the native call answers None, and its autograd formula.
+
+- :func:`row_scaled_mm`: a GroupedM product scaled per row, ``out[r] = scale[r] * (x[r] @
+  w[g])`` for the rows ``r`` of group ``g``: e.g. a router weight applied inside the down
+  projection. On Hopper one kernel (the ``row_scale`` epilogue: the scale applied to the
+  float32 product before it is rounded); elsewhere composed from a plain product. Op
+  ``groupmm::row_scaled_mm``.
 """
 
 import torch
@@ -14,6 +18,8 @@ from . import _native
 from ._api import grouped_mm
 from ._library import direct, op
 
+__all__ = ["row_scaled_mm"]
+
 
 def _scale_dtype(x: Tensor) -> torch.dtype:
     """The dtype the scale is applied in: float32, float64 for float64 inputs."""
@@ -21,11 +27,13 @@ def _scale_dtype(x: Tensor) -> torch.dtype:
 
 
 def _row_scaled(x: Tensor, w: Tensor, offs: Tensor, scale: Tensor) -> Tensor:
-    out = _native.row_scaled_mm(x, w, offs, scale) if scale.dtype == torch.float32 else None
-    if out is None:  # no kernel runs the epilogue (the CPU, float64): compose it
-        y = _native.grouped_mm(x, w, offs)
-        out = (y.to(scale.dtype) * scale[:, None]).to(x.dtype)
-    return out
+    if scale.dtype == torch.float32:  # the kernels' scale (float64: no kernel)
+        got = _native.product("row_scale", x, w, offs, (scale,))
+        if got is not None:
+            return got[0]
+    # no kernel runs the epilogue (the CPU, float64): compose it
+    y = _native.grouped_mm(x, w, offs)
+    return (y.to(scale.dtype) * scale[:, None]).to(x.dtype)
 
 
 def _row_scaled_fake(x, w, offs, scale):
@@ -94,7 +102,7 @@ def row_scaled_mm(x: Tensor, w: Tensor, offs: Tensor, scale: Tensor) -> Tensor:
     check.dims("w", w, 3, "[E, K, N]")
     check.index("offs", offs, 1, "[E]")
     # before the op: its fake checks nothing, and the float64 composition never reaches the
-    # native rule (same wording: shape::plan_product's RowScale arm)
+    # native rule (same wording: its rule entry, src/shape/product/epilogues.rs)
     check.dims("scale", scale, 1, "[R]")
     check.shape(
         "scale", scale, scale.shape[0] == x.shape[0], "[{}] (one scale per row of x)", x.shape[0]
