@@ -917,7 +917,7 @@ def test_expert_block_cuda_bf16_equals_reference_without_host_sync():
 @pytest.mark.cuda
 def test_native_fused_functions_run_on_hopper_bf16():
     """On sm_90 in bf16 at aligned sizes the fused kernels run: the extension answers
-    tuples, not None, of the contract's shapes and dtypes."""
+    lists, not None, of the contract's shapes and dtypes."""
     import groupmm._native as native
 
     if not _hopper():
@@ -925,12 +925,12 @@ def test_native_fused_functions_run_on_hopper_bf16():
     (x, w_in, w_out, weights), ids, r = _gpu_case()
     R, Fh = r.src.shape[0], w_out.shape[1]
     got = native.product("swiglu", x.detach(), w_in.detach(), r.offs, (), r.src)
-    assert isinstance(got, tuple) and len(got) == 2
+    assert isinstance(got, list) and len(got) == 2
     assert got[0].shape == (R, 2 * Fh) and got[1].shape == (R, Fh)
     dy = torch.randn(R, x.shape[1], device="cuda", dtype=torch.bfloat16)
     scale = torch.rand(R, device="cuda")
     got = native.product("dgated", dy, w_out.detach(), r.offs, (got[0], scale))
-    assert isinstance(got, tuple) and len(got) == 3
+    assert isinstance(got, list) and len(got) == 3
     dpre, act_s, partial = got
     assert dpre.shape == (R, 2 * Fh) and act_s.shape == (R, Fh)
     assert partial.dtype == torch.float32 and partial.shape == (-(-Fh // 64), R)
@@ -939,7 +939,7 @@ def test_native_fused_functions_run_on_hopper_bf16():
     pre = native.product("swiglu", x.detach(), w_in.detach(), r.offs, (), r.src)[0]
     routed = native.product("dgated", d_out, w_out.detach(), r.offs, (pre, scale), src=r.src)
     copied = native.product("dgated", d_out[r.src], w_out.detach(), r.offs, (pre, scale))
-    assert isinstance(routed, tuple) and len(routed) == 3
+    assert isinstance(routed, list) and len(routed) == 3
     for name, a, b in zip(("dpre", "act_s", "partial"), routed, copied):
         assert a.shape == b.shape and a.dtype == b.dtype
         assert_close_rel(a.float(), b.float(), torch.bfloat16, name)
