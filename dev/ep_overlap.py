@@ -1,4 +1,4 @@
-"""Can the exchanges of expert parallelism overlap the expert GEMMs? Per config, one expert
+r"""Can the exchanges of expert parallelism overlap the expert GEMMs? Per config, one expert
 product of a rank's received rows and the all_to_all of those rows, timed alone, one after
 the other (``serial``) and at once (``overlap``: the exchange on NCCL's stream under the
 product), for groupmm's product (also under ``groupmm.sm_limit``) and torch's: an
