@@ -1,4 +1,4 @@
-"""Expert parallelism (EP) over W GPUs: groupmm's EP MoE layer against torchtitan's, forward
+r"""Expert parallelism (EP) over W GPUs: groupmm's EP MoE layer against torchtitan's, forward
 and backward at a fixed number of tokens per GPU, each step split into dispatch, experts
 and combine, its EP efficiency against the whole layer on one GPU, and the all-to-all
 bandwidth of the same exchanges.

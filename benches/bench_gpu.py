@@ -32,7 +32,7 @@ from harness.cli import (
     no_cuda,
     parser,
 )
-from harness.report import from_json, one_file, record, run_doc, write_outputs, write_png
+from harness.report import from_json, one_file, record, run_doc, skip, write_outputs, write_png
 from harness.report.gpu import (
     class_summary,
     describe_env,
@@ -297,9 +297,8 @@ def main(argv=None):
                 print(f"      {who}: {err}")
 
     for name in names:
-        if budget_spent(args, t_start, ".0f"):
-            doc["skipped"].append({"shape": name, "why": budget_spent(args, t_start, ".0f")})
-            print(f"skip {name}: budget of {args.budget_s:.0f} s spent")
+        if spent := budget_spent(args, t_start, ".0f"):
+            skip(doc, name, spent, "shape", f"budget of {args.budget_s:.0f} s spent")
             continue
         s = shapes.SPECS[name]
         T = shapes.effective_T(s, args.quick)
@@ -312,8 +311,7 @@ def main(argv=None):
             args_ = (name, s, T, routings, passes, dtype, args, doc["ceilings"], torch_gmm, Q)
             run_shape(*args_, on_row, DEV)
         except torch.cuda.OutOfMemoryError as e:
-            doc["skipped"].append({"shape": name, "why": f"out of memory: {str(e)[:80]}"})
-            print(f"skip {name}: out of memory")
+            skip(doc, name, f"out of memory: {str(e)[:80]}", "shape", "out of memory")
         torch.cuda.empty_cache()
         print(f"-- {name}: {time.perf_counter() - t0:.1f} s")
         doc["summary"] = class_summary(doc["rows"])

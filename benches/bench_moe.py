@@ -41,7 +41,7 @@ from harness.cli import (
     parser,
 )
 from harness.configs import CONFIGS, MODELS, PASSES, ROUTINGS, TINY, routing, select_configs
-from harness.report import error_text, from_json, record, rel_diff, run_doc
+from harness.report import error_text, from_json, record, rel_diff, run_doc, skip
 from harness.report import write_outputs as write_files
 from harness.report.moe import (
     describe_env,
@@ -332,8 +332,7 @@ def main(argv=None) -> int:
         layer = sonic_w = None
         for r in (r for r in plan if r["config"] == cname):
             if spent := budget_spent(args, t_start):
-                doc["skipped"].append({"row": label(r), "why": spent})
-                print(f"skip {label(r)}: budget spent")
+                skip(doc, label(r), spent, said="budget spent")
                 continue
             if layer is None:
                 print(f"== {cname}: d={d} d_ff={f} E={E} k={k} ({MODELS.get(cname, cname)})")
@@ -343,8 +342,7 @@ def main(argv=None) -> int:
             try:
                 row = run_row(r, layer, S, sonic_w, why, args, dev, dtype)
             except torch.cuda.OutOfMemoryError as e:
-                doc["skipped"].append({"row": label(r), "why": f"out of memory: {str(e)[:80]}"})
-                print(f"skip {label(r)}: out of memory")
+                skip(doc, label(r), f"out of memory: {str(e)[:80]}", said="out of memory")
                 continue
             finally:
                 if dev.type == "cuda":

@@ -38,7 +38,7 @@ from harness.cli import (
     no_cuda,
     parser,
 )
-from harness.report import error_text, fmt, from_json, record, rel_diff, run_doc
+from harness.report import error_text, fmt, from_json, record, rel_diff, run_doc, skip
 from harness.report import write_outputs as write_files
 from harness.report.rows import (
     describe_env,
@@ -325,9 +325,8 @@ def main(argv=None) -> int:
     print("\n".join(describe_env(doc) + [f"skip {s['row']}: {s['why']}" for s in skipped]))
     idx_key = idx = None
     for i, r in enumerate(plan):
-        if budget_spent(args, t_start):
-            doc["skipped"].append({"row": label(r), "why": budget_spent(args, t_start)})
-            print(f"skip {label(r)}: budget spent")
+        if spent := budget_spent(args, t_start):
+            skip(doc, label(r), spent, said="budget spent")
             continue
         if dev.type == "cuda":
             torch.cuda.empty_cache()
@@ -338,14 +337,11 @@ def main(argv=None) -> int:
             free, _total = torch.cuda.mem_get_info()
             need = int(r["alloc_bytes"] * 1.05) + (256 << 20)
             if need > free:
-                why = f"needs ~{need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free"
-                doc["skipped"].append({"row": label(r), "why": why})
-                print(f"skip {label(r)}: {why}")
+                skip(doc, label(r), f"needs ~{need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free")
                 continue
             row = run_row(r, idx, args, dev)
         except torch.cuda.OutOfMemoryError as e:
-            doc["skipped"].append({"row": label(r), "why": f"out of memory: {str(e)[:80]}"})
-            print(f"skip {label(r)}: out of memory")
+            skip(doc, label(r), f"out of memory: {str(e)[:80]}", said="out of memory")
             continue
         record(doc, t_start, summarize, lambda d: write_outputs(d, args), row)
         print(f"[{i + 1:3}/{len(plan)} {doc['elapsed_s']:5.0f}s] " + format_row(row, doc))

@@ -1,4 +1,4 @@
-"""Training steps of a torchtitan MoE model: torchtitan's own MoE layers against the same
+r"""Training steps of a torchtitan MoE model: torchtitan's own MoE layers against the same
 model with its MoE layers on groupmm (``groupmm.integrations.torchtitan.enable_moe``).
 
     NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc-per-node W benches/bench_torchtitan.py \
@@ -15,7 +15,6 @@ step ms (slowest rank), tokens/s, the MoE layers' ms (eager runs) and the loss c
 
 from __future__ import annotations
 
-import os
 import sys
 import traceback
 
@@ -179,8 +178,6 @@ def run_config(name, args, ctx) -> dict:
             try:
                 loss = train_step(models[k], opts[k], tokens, labels, positions, masks)
             except Exception as e:  # noqa: BLE001 - reported in the row; every rank raises
-                if os.environ.get("BENCH_TRACEBACK"):
-                    traceback.print_exc()
                 row["errors"][k] = error_text(e)
                 continue
             t1 = clock.stamp()

@@ -1,4 +1,4 @@
-"""Where one expert-parallel step goes on the GPU: groupmm's fused EP block forward + backward
+r"""Where one expert-parallel step goes on the GPU: groupmm's fused EP block forward + backward
 under torch.profiler, rank 0's kernels by category (gemm, nccl, rows, other) and the GPU's
 idle time, with the GPU's and the host's clocks at the step's phase boundaries on every
 rank; with exact sizes, fixed sizes (capacity = the tokens per GPU) or both.

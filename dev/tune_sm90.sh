@@ -4,7 +4,8 @@
 # The wheel must be a development build (GROUPMM_DEV_KNOBS=1, docs/cuda.md): a product
 # build ignores GROUPMM_SM90_CONFIG and every configuration would time the rule's choice.
 # Installs wheelhouse/*.whl into /tmp/site, runs the CUDA tests once per forced
-# configuration (GROUPMM_SM90_CONFIG), then benches/bench_gpu.py per configuration.
+# configuration (GROUPMM_SM90_CONFIG), then benches/bench_gpu.py per configuration
+# (CALLS back-to-back calls per sample, default 20).
 # Writes $OUT/tune.tgz (all logs and JSON) and $OUT/summary.txt.
 set -u
 cd "$(dirname "$0")/.."
@@ -22,12 +23,12 @@ for c in $CFGS; do
   fi
 done
 for c in $CFGS; do
-  GROUPMM_SM90_CONFIG=$c python3 benches/bench_gpu.py --reps ${REPS:-20} --shapes "$SHAPES" \
+  GROUPMM_SM90_CONFIG=$c python3 benches/bench_gpu.py --calls ${CALLS:-20} --shapes "$SHAPES" \
     --json "$R/bench_$c.json" > "$R/bench_$c.txt" 2>&1
   echo "== $c" >> "$R/summary.txt"; grep -E "min ratio|geomean" "$R/bench_$c.txt" >> "$R/summary.txt"
 done
 if [ -n "${FP16:-}" ]; then
-  python3 benches/bench_gpu.py --dtype fp16 --reps ${REPS:-20} --shapes "$SHAPES" \
+  python3 benches/bench_gpu.py --dtype fp16 --calls ${CALLS:-20} --shapes "$SHAPES" \
     --json "$R/bench_fp16.json" > "$R/bench_fp16.txt" 2>&1
   echo "== fp16 auto" >> "$R/summary.txt"; grep -E "min ratio|geomean" "$R/bench_fp16.txt" >> "$R/summary.txt"
 fi

@@ -1,4 +1,4 @@
-"""benches/ep_overlap.py and benches/profile_ep.py on the CPU: their pure parts (the rows a
+"""dev/ep_overlap.py and benches/profile_ep.py on the CPU: their pure parts (the rows a
 rank receives, the markdown of a result, a trace's kernel time by category and the GPU's
 idle gaps) against independent computations; the GPU runs themselves need NCCL."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import itertools
 
 import torch
-from conftest import load_bench
+from conftest import load_bench, load_dev
 
-overlap = load_bench("ep_overlap")
+overlap = load_dev("ep_overlap")
 profile_ep = load_bench("profile_ep")
 
 

@@ -165,6 +165,12 @@ def record(doc: dict, t_start: float, summarize, write, row=None) -> None:
     write(doc)
 
 
+def skip(doc: dict, name: str, why: str, key: str = "row", said=None) -> None:
+    """A row (or shape) not measured: listed under ``skipped`` with why, said on stdout."""
+    doc["skipped"].append({key: name, "why": why})
+    print(f"skip {name}: {said or why}")
+
+
 def commands(doc: dict, prefix: str = "") -> list:
     """The command line of each run a document holds, after ``prefix`` (the script)."""
     runs = doc.get("runs") or ([doc["argv"]] if doc.get("argv") is not None else [])

@@ -1,12 +1,13 @@
-"""Can the exchanges of expert parallelism overlap the expert GEMMs? Per config, one expert
+r"""Can the exchanges of expert parallelism overlap the expert GEMMs? Per config, one expert
 product of a rank's received rows and the all_to_all of those rows, timed alone, one after
 the other (``serial``) and at once (``overlap``: the exchange on NCCL's stream under the
-product), for groupmm's product (also under ``groupmm.sm_limit``) and torch's.
+product), for groupmm's product (also under ``groupmm.sm_limit``) and torch's: an
+expert-parallel design experiment (the SM cap beside the exchanges) on the benches' harness.
 
-    NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc-per-node W benches/ep_overlap.py \
+    NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc-per-node W dev/ep_overlap.py \
         [--configs mixtral,qwen3-30b-a3b] [--tokens-per-gpu 16384] [--samples 15] \
         [--sm-limits 120,108] [--json OUT.json] [--md OUT.md]
-    python3 benches/ep_overlap.py --from-json OUT.json [--md OUT.md]   # render; no GPU
+    python3 dev/ep_overlap.py --from-json OUT.json [--md OUT.md]   # render; no GPU
 """
 
 from __future__ import annotations
@@ -15,14 +16,18 @@ import json
 import os
 import statistics
 import sys
+from pathlib import Path
 
-import groupmm
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
-from harness.cli import comma_list, init_ranks, line_buffered_stdout, parser
-from harness.configs import ep_configs
-from harness.report import from_json, one_file, started, write_outputs
+# the benches' harness, as when run from benches/
+sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "benches"))
+
+import groupmm  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from harness.cli import comma_list, init_ranks, line_buffered_stdout, parser  # noqa: E402
+from harness.configs import ep_configs  # noqa: E402
+from harness.report import from_json, one_file, started, write_outputs  # noqa: E402
 
 VARIANTS = ("gemm", "a2a", "serial", "overlap")
 
@@ -159,7 +164,7 @@ def main(argv=None) -> int:
     doc = {
         "schema": "ep-overlap-1",
         "argv": " ".join(
-            [f"torchrun --standalone --nproc-per-node {W} benches/ep_overlap.py", *sys.argv[1:]]
+            [f"torchrun --standalone --nproc-per-node {W} dev/ep_overlap.py", *sys.argv[1:]]
         ),
         "started": started(),
         "device": torch.cuda.get_device_name(dev),
