@@ -10,65 +10,24 @@ GEMMs has one place to be fused into them:
 - :func:`expert_down`: its down half, ``out`` from ``act`` (down projection, router
   weights, combine);
 - the products with one fused epilogue each, ``groupmm._epilogue_ops``'s ``__all__``
-  (e.g. a grouped product scaled per row: router weights in the down projection, in the
-  GEMM's epilogue on Hopper), re-exported here whole.
+  (e.g. :func:`row_scaled_mm`), re-exported here whole.
 
-Each op (``torch.ops.groupmm.swiglu_up`` and ``gated_down``, which make
-:func:`expert_block`, in ``groupmm._fused_ops``, their backward's arithmetic in
-``groupmm._fused_backward``; ``expert_up`` and ``expert_down``, in ``groupmm._fused_halves``)
-is a ``torch.library`` custom op with a fake kernel and an autograd formula, so
-``torch.compile(fullgraph=True)``, ``opcheck`` and double backward (through
-differentiable fallbacks) work, on CPU and CUDA. Eager :func:`expert_block` calls on
-plain tensors run the two ops' ``autograd.Function`` twins (``_SwigluUpFn``,
-``_GatedDownFn``: the same forward, saved tensors and backward, without the custom-op
-dispatch on the host); ``src`` and ``inverse`` are made int32 once per call, the form
-every kernel reads.
+:func:`expert_block` is two ``torch.library`` custom ops with fakes and autograd formulas
+(``swiglu_up`` and ``gated_down`` in ``groupmm._fused_ops``, their backward's arithmetic
+in ``groupmm._fused_backward``; the halves' ops in ``groupmm._fused_halves``), so
+``torch.compile(fullgraph=True)``, ``opcheck`` and double backward work on CPU and CUDA;
+eager calls on plain tensors run the ops' ``autograd.Function`` twins (the same forward,
+saved tensors and backward, without the custom-op dispatch). What each op launches, and
+where it composes plain products and row ops instead (no fused kernel, or autograd
+recording a graph): ARCHITECTURE.md, "The fused MoE layer".
 
-What runs, in :func:`expert_block` (two ops, split so that autograd frees ``pre`` as soon
-as the down projection's backward is done):
-
-- op ``swiglu_up``, forward: ``pre = x[src] @ w_in[g]`` and ``act = silu(gate) * up`` as
-  ONE native call, ``_native.product("swiglu")`` (on Hopper one kernel with a SwiGLU epilogue,
-  rows of ``x`` read through ``src``: no ``[R, D]`` copy of ``x``). ``act`` is marked
-  non-differentiable (``gated_down``'s backward returns the whole gradient of ``pre``).
-  Saves ``x``, ``w_in`` and the indices, not ``pre``.
-- op ``gated_down``, forward: the down projection (``grouped_mm(act, w_out)``) and the
-  weighted combine (the row op ``gather_sum``). Saves ``pre``, ``w_out``, the indices and
-  the router weights, not ``act``.
-- backward of ``gated_down`` (autograd runs it first): ``_native.product("dgated")``
-  (``p = d_out[src] @ w_out[g]ᵀ`` with, in its epilogue, the per-row router-weight scale,
-  dSwiGLU against ``pre`` and the router-weight gradient as a per-row reduction; ``p`` is
-  never stored), giving ``d_pre`` and ``act_s = scale·act``; then ``dw_out = act_sᵀ·dy``.
-  Where the products read routed rows inside their GEMMs (``_fused_backward.reads_in_gemm``:
-  Hopper, 16-bit; the extension decides) ``d_out`` is read
-  through ``src``; else its rows are gathered once (``dy = d_out[src]``). ``d_pre`` is
-  written over ``pre`` (op ``groupmm::dgated_over_pre``) where nothing reads ``pre``
-  again (:func:`expert_block`'s own ``pre``, no compiler tracing, ``retain_graph=False``);
-  else into a fresh tensor (op ``groupmm::dgated``).
-- backward of ``swiglu_up``: ``dx = sum_copies(d_pre·w_inᵀ)``, then ``dw_in =
-  x[src]ᵀ·d_pre`` as op ``groupmm::gather_k_mm`` (``x``'s rows read through ``src`` in the
-  GEMM, else gathered one column slab at a time: the gathered copy is never whole).
-  Weight gradients come in their weight's own memory layout.
-
-Nothing of size ``[R, D]`` or ``[R, F]`` (``R = T*k``) is kept for the backward; the
-backward holds at most ``pre`` (or ``d_pre`` in its place), ``dy``, ``act_s`` and
-``dw_out`` at once, then ``d_pre``, ``dw_out``, ``dx`` and one ``[R, D]`` product or slab
-(measured peaks: ``docs/performance.md``).
-
-Where no fused kernel runs (the CPU, other GPUs, fp32/fp64, unaligned sizes;
-``swiglu_mm``/``dgated_mm`` answer None, ``gather_k_mm`` gathers first) the same results
-are composed from groupmm's plain parts (gathered products and the row ops ``swiglu`` and
-its gradient). While autograd records a graph through the inputs (double backward) every
-formula is composed from differentiable ops (``_rows.differentiable``).
-
-:func:`expert_up` runs the same up projection (its op keeps ``pre`` and returns
-``act``); :func:`expert_down` runs the down projection and combine with ``y`` kept for
-the router-weight gradient.
-
-Determinism: no atomics anywhere; the gradient of ``x`` sums each token's ``k`` rows
-through ``inverse``. The glue formulas (``sum_copies``, ``combine`` and its backward,
-``take_rows``, ``to_rows``, ``swiglu_grad``) are ``groupmm._glue``'s, shared with
-``groupmm.moe`` and the transformers integration.
+Memory: nothing of size ``[R, D]`` or ``[R, F]`` (``R = T*k``) is kept for the backward
+(``swiglu_up`` saves ``x``, ``w_in`` and the indices; ``gated_down`` saves ``pre``,
+``w_out``, the indices and the router weights); the backward holds at most ``pre`` (or
+``d_pre`` written over it), ``dy``, ``act_s`` and ``dw_out`` at once, then ``d_pre``,
+``dw_out``, ``dx`` and one ``[R, D]`` product or slab (measured peaks:
+``docs/performance.md``). Determinism: no atomics; the gradient of ``x`` sums each
+token's ``k`` rows through ``inverse``.
 """
 
 # NB: no ``from __future__ import annotations``: torch.library reads the annotations.
