@@ -10,7 +10,7 @@ GEMMs has one place to be fused into them:
 - :func:`expert_down`: its down half, ``out`` from ``act`` (down projection, router
   weights, combine);
 - the products with one fused epilogue each, ``groupmm._epilogue_ops``'s ``__all__``
-  (e.g. :func:`row_scaled_mm`), re-exported here whole.
+  (e.g. a per-row scale of the product), re-exported here whole.
 
 :func:`expert_block` is two ``torch.library`` custom ops with fakes and autograd formulas
 (``swiglu_up`` and ``gated_down`` in ``groupmm._fused_ops``, their backward's arithmetic
