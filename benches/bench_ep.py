@@ -40,7 +40,7 @@ import groupmm.parallel as gpar
 import torch
 import torch.distributed as dist
 from ep_run import agree, run_row
-from harness.cli import init_ranks, leave, line_buffered_stdout, parser
+from harness.cli import add_doc_args, init_ranks, leave, line_buffered_stdout, parser
 from harness.configs import EP_ROUTINGS as ROUTINGS
 from harness.configs import MODELS, ZIPF_S, ep_configs
 from harness.report import error_text, from_json, started, write_outputs
@@ -130,9 +130,7 @@ def parse_args(argv=None):
         default=10,
         help="timed all_to_all_single calls per size and row (0: no bandwidth figures)",
     )
-    p.add_argument("--json", help="results, rewritten after every row (rank 0)")
-    p.add_argument("--md", help="the table in markdown, rewritten after every row (rank 0)")
-    p.add_argument("--from-json", help="render (and merge) result files; no GPU, no torchrun")
+    add_doc_args(p)
     args = p.parse_args(argv)
     if min(args.warmup + 1, args.rounds, args.calls, args.a2a_samples + 1) < 1:
         p.error("--rounds and --calls must be at least 1, --warmup and --a2a-samples at least 0")
