@@ -1,6 +1,6 @@
 """Whole MoE layers: groupmm's ``MoELayer`` against SonicMoE, the same layer on
-``F.grouped_mm`` and the plain layer most code writes, same weights and routing, timed
-round-robin (harness.timing) with peak memory and output and gradient differences.
+``F.grouped_mm`` and a plain layer, same weights and routing, timed round-robin with peak
+memory and output and gradient differences.
 
     python3 benches/bench_moe.py [--configs layer|layer-wide|fine|legacy|extra|all|NAME,...]
         [--tokens 4096,16384] [--routing router,uniform,skewed] [--passes fwd+bwd,fwd]
@@ -9,14 +9,8 @@ round-robin (harness.timing) with peak memory and output and gradient difference
     python3 benches/bench_moe.py --from-json a.json[,b.json] [--json merged.json] [--md F]
     python3 benches/bench_moe.py --tiny              # one tiny config, T = 64
 
-Implementations: ``fused`` (``MoELayer`` as it runs by default), ``groupmm`` (its unfused
-path), ``torch-gmm`` (that path on ``F.grouped_mm``), ``plain`` (``x[src]``, two
-``F.grouped_mm``, ``y[inverse]``, a weighted sum) and ``sonicmoe`` (its
-``moe_TC_softmax_topk_layer`` on copies of the weights; warmed up, JIT and autotune, with
-one step per row first). Routing ``router``: every layer routes with its router (Qwen3
-style); ``uniform`` / ``skewed`` fix the experts (SonicMoE, which always routes itself,
-is then left out). Memory: the peak a step allocates above its inputs, parameter
-gradients included.
+Implementations: ``fused``, ``groupmm`` (unfused), ``torch-gmm`` (on ``F.grouped_mm``),
+``plain`` and ``sonicmoe`` (routing ``router`` only: it routes itself).
 """
 
 from __future__ import annotations

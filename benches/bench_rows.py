@@ -1,6 +1,5 @@
-"""The MoE row ops on their own: the bytes/s of groupmm's row kernels (``groupmm._rows``), as
-a fraction of a device-to-device copy of the same bytes timed in the same round-robin,
-and torch's equivalent, per op and shape.
+"""The MoE row ops on their own: the bytes/s of groupmm's row kernels (``groupmm._rows``) and
+of torch's equivalent, as a fraction of a device-to-device copy of the same bytes.
 
     python3 benches/bench_rows.py [--ops combine,sum,gather,scatter] [--dims 768,2048]
         [--topk 1,8] [--tokens 4096,65536] [--dtypes bf16,fp16,fp32] [--rounds 5]
@@ -8,14 +7,7 @@ and torch's equivalent, per op and shape.
     python3 benches/bench_rows.py --dry-run [...]    # the rows; no GPU
     python3 benches/bench_rows.py --from-json a.json[,b.json] [--json merged.json] [--md F]
 
-Ops (R = T*k routed rows, D columns): ``combine`` ``gather_sum(y [R, D], inverse [T, k],
-weights)`` -> [T, D] (torch: ``index_select``, a float32 weighted sum); ``sum`` the same
-unweighted; ``gather`` ``x[src]`` -> [R, D] (torch: ``index_select``); ``scatter``
-``scatter_rows(grad [T, D], inverse)`` -> [R, D] (torch: ``index_add_`` onto zeros).
-Bytes (:func:`op_bytes`): the minimum the op moves, each input row read once, each output
-row written once, the int32 index and float32 weights read once. Routing: each token's k
-distinct experts of E = max(k, 128), uniform, sorted stably by expert. Before timing,
-groupmm's output is checked against torch's (exact for gather and scatter).
+Bytes: :func:`op_bytes`. groupmm's output is checked against torch's before timing.
 """
 
 from __future__ import annotations

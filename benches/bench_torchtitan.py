@@ -8,10 +8,8 @@ model with its MoE layers on groupmm (``groupmm.integrations.torchtitan.enable_m
     python3 -m torch.distributed.run --standalone --nproc-per-node 2 \
         benches/bench_torchtitan.py --device cpu --tiny --steps 5      # gloo smoke run
 
-torchtitan's ``Qwen3Model`` (its MoE recipe), EP = W as its trainer sets it up, each rank
-its own tokens; a step is forward, cross-entropy, backward, the expert-bias update and
-``AdamW.step``. The implementations take turns each step; per implementation the median
-step ms (slowest rank), tokens/s, the MoE layers' ms (eager runs) and the loss curve.
+A step: forward, cross-entropy, backward, the expert-bias update and ``AdamW.step``, EP = W;
+the implementations take turns each step.
 """
 
 from __future__ import annotations

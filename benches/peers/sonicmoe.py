@@ -1,13 +1,7 @@
-"""SonicMoE, as the benches call it (bench_moe.py times its layer, dev/profile_moe.py
-profiles it): how it is imported (:func:`load_sonic`, optional: absent, the benches say why), the
-versions of its stack (:func:`peer_versions`), groupmm's weights in its layout and back
-(:func:`sonic_weights`, :func:`sonic_args`, :func:`to_groupmm_layout`), one forward as
-``../shared/PEERS.md`` shows (:func:`sonic_forward`), and the layer those tensors define
-in plain torch (:func:`sonic_layout_reference`, for the tests).
-
-Layout: router ``[E, d]`` as it is; ``w1`` ``(E, 2F, d)`` = ``w_in.transpose(1, 2)`` (rows
-``[gate; up]``, ``concat_layout=True``) and ``w2`` ``(E, d, F)`` = ``w_out.transpose(1,
-2)``, both handed over as ``.permute(1, 2, 0)``.
+"""SonicMoE as the benches call it: its import (:func:`load_sonic`), its stack's versions
+(:func:`peer_versions`), groupmm's weights in its layout and back (:func:`sonic_weights`,
+:func:`sonic_args`, :func:`to_groupmm_layout`), one forward (:func:`sonic_forward`) and
+that layer in plain torch (:func:`sonic_layout_reference`, for the tests).
 """
 
 from __future__ import annotations

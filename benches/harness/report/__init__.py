@@ -1,11 +1,7 @@
 """Result files and their rendering, shared by every bench (one module per bench's table
-beside this one: gpu, moe, rows, ep).
-
-A result document is one JSON object: ``schema``, ``complete``, ``argv`` (``runs`` once
-several runs are merged), ``started``, the device and versions, then ``rows`` and
-``skipped``. A bench rewrites it after every row (:func:`write_outputs`: a run cut short
-keeps what ran); ``--from-json`` (:func:`from_json`) reads, merges and renders files
-without a GPU.
+beside this one). A result document is one JSON object (``schema``, ``complete``, ``argv``
+or ``runs``, ``started``, device and versions, ``rows``, ``skipped``), rewritten after
+every row (:func:`write_outputs`); :func:`from_json` reads, merges and renders files.
 """
 
 from __future__ import annotations
