@@ -27,7 +27,6 @@ from groupmm.moe import MoELayer, permute, unpermute
 from harness.cli import (
     add_output_args,
     add_rr_args,
-    budget_spent,
     check_lists,
     check_rr_args,
     line_buffered_stdout,
@@ -35,7 +34,7 @@ from harness.cli import (
     parser,
 )
 from harness.configs import CONFIGS, MODELS, PASSES, ROUTINGS, TINY, routing, select_configs
-from harness.report import error_text, from_json, record, rel_diff, run_doc, skip
+from harness.report import error_text, from_json, rel_diff, run_doc, run_rows
 from harness.report import write_outputs as write_files
 from harness.report.moe import (
     describe_env,
@@ -321,33 +320,24 @@ def main(argv=None) -> int:
         skipped=[],
     )
     print("\n".join(describe_env(doc)))
-    done = 0
-    for cname, (d, f, E, k) in configs.items():
-        layer = sonic_w = None
-        for r in (r for r in plan if r["config"] == cname):
-            if spent := budget_spent(args, t_start):
-                skip(doc, label(r), spent, said="budget spent")
-                continue
-            if layer is None:
-                print(f"== {cname}: d={d} d_ff={f} E={E} k={k} ({MODELS.get(cname, cname)})")
-                torch.manual_seed(0)
-                layer = MoELayer(d, f, E, k, aux_loss_coef=0.0, device=dev, dtype=dtype)
-                sonic_w = sonic_weights(layer) if S is not None else None  # copied once
-            try:
-                row = run_row(r, layer, S, sonic_w, why, args, dev, dtype)
-            except torch.cuda.OutOfMemoryError as e:
-                skip(doc, label(r), f"out of memory: {str(e)[:80]}", said="out of memory")
-                continue
-            finally:
-                if dev.type == "cuda":
-                    torch.cuda.empty_cache()
-            done += 1
-            record(doc, t_start, summarize, lambda d: write_outputs(d, args), row)
-            print(f"[{done:3}/{len(plan)} {doc['elapsed_s']:5.0f}s] " + format_row(row))
-            for who, err in row["errors"].items():
-                print(f"      {who}: {err}")
-        del layer, sonic_w
-    record(doc, t_start, summarize, lambda d: write_outputs(d, args))
+    held = {}  # the layer of the config running, and its SonicMoE weights
+
+    def measure(r):
+        if held.get("config") != r["config"]:
+            held.clear()
+            name, (d, f, E, k) = r["config"], configs[r["config"]]
+            print(f"== {name}: d={d} d_ff={f} E={E} k={k} ({MODELS.get(name, name)})")
+            torch.manual_seed(0)
+            layer = MoELayer(d, f, E, k, aux_loss_coef=0.0, device=dev, dtype=dtype)
+            sonic_w = sonic_weights(layer) if S is not None else None  # copied once
+            held.update(config=r["config"], layer=layer, sonic_w=sonic_w)
+        return run_row(r, held["layer"], S, held["sonic_w"], why, args, dev, dtype)
+
+    def show(row, head):
+        print(head + format_row(row))
+
+    write = lambda d: write_outputs(d, args)  # noqa: E731
+    run_rows(doc, plan, args, t_start, label, measure, summarize, write, show)
     print_table(doc)
     print(f"wall {doc['elapsed_s']:.0f} s")
     return 0

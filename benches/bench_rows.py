@@ -23,14 +23,13 @@ from groupmm._rows import gather_sum, scatter_rows
 from harness.cli import (
     add_output_args,
     add_rr_args,
-    budget_spent,
     check_rr_args,
     comma_list,
     line_buffered_stdout,
     no_cuda,
     parser,
 )
-from harness.report import error_text, fmt, from_json, record, rel_diff, run_doc, skip
+from harness.report import error_text, fmt, from_json, rel_diff, run_doc, run_rows, skip
 from harness.report import write_outputs as write_files
 from harness.report.rows import (
     describe_env,
@@ -315,28 +314,22 @@ def main(argv=None) -> int:
     doc.update(max_gib=args.max_gib, seed=args.seed, timer=rr_settings(args), rows=[])
     doc["skipped"] = list(skipped)
     print("\n".join(describe_env(doc) + [f"skip {s['row']}: {s['why']}" for s in skipped]))
-    idx_key = idx = None
-    for i, r in enumerate(plan):
-        if spent := budget_spent(args, t_start):
-            skip(doc, label(r), spent, said="budget spent")
-            continue
+    held = {}  # one routing per (T, k), reused over D and ops
+
+    def measure(r):
         if dev.type == "cuda":
             torch.cuda.empty_cache()
-        try:
-            if idx_key != (r["T"], r["k"]):  # one routing per (T, k), reused over D and ops
-                idx = routing_indices(r["T"], r["k"], args.seed, dev)
-                idx_key = (r["T"], r["k"])
-            free, _total = torch.cuda.mem_get_info()
-            need = int(r["alloc_bytes"] * 1.05) + (256 << 20)
-            if need > free:
-                skip(doc, label(r), f"needs ~{need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free")
-                continue
-            row = run_row(r, idx, args, dev)
-        except torch.cuda.OutOfMemoryError as e:
-            skip(doc, label(r), f"out of memory: {str(e)[:80]}", said="out of memory")
-            continue
-        record(doc, t_start, summarize, lambda d: write_outputs(d, args), row)
-        print(f"[{i + 1:3}/{len(plan)} {doc['elapsed_s']:5.0f}s] " + format_row(row, doc))
+        if held.get("key") != (r["T"], r["k"]):
+            held.update(key=(r["T"], r["k"]), idx=routing_indices(r["T"], r["k"], args.seed, dev))
+        free, _total = torch.cuda.mem_get_info()
+        need = int(r["alloc_bytes"] * 1.05) + (256 << 20)
+        if need > free:
+            skip(doc, label(r), f"needs ~{need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free")
+            return None
+        return run_row(r, held["idx"], args, dev)
+
+    def show(row, head):
+        print(head + format_row(row, doc))
         if row["ok"] is False:
             msg = (
                 f"!!! MISMATCH {label(row)}: groupmm's output differs from torch's "
@@ -344,9 +337,9 @@ def main(argv=None) -> int:
             )
             print(msg)
             print(msg, file=sys.stderr)
-        for who, err in row["errors"].items():
-            print(f"      {who}: {err}")
-    record(doc, t_start, summarize, lambda d: write_outputs(d, args))
+
+    write = lambda d: write_outputs(d, args)  # noqa: E731
+    run_rows(doc, plan, args, t_start, label, measure, summarize, write, show)
     print_table(doc)
     print(f"wall {doc['elapsed_s']:.0f} s")
     return 0
