@@ -1,6 +1,6 @@
 r"""Expert parallelism (EP) over W GPUs: groupmm's EP MoE layer against torchtitan's, forward
-and backward at a fixed number of tokens per GPU, each step split into dispatch, experts
-and combine, its EP efficiency against the whole layer on one GPU, and the all-to-all
+and backward at a fixed number of tokens per GPU, split into dispatch, experts and
+combine, with the EP efficiency against the whole layer on one GPU and the all-to-all
 bandwidth of the same exchanges.
 
     NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc-per-node W benches/bench_ep.py \
@@ -12,18 +12,11 @@ bandwidth of the same exchanges.
         --check                                  # a smoke run on gloo (CPU)
     python3 benches/bench_ep.py --from-json w1.json,w2.json [--md all.md]   # no GPU
 
-Implementations, on the same tokens, routing and expert weights: ``fused`` (``MoELayer``
-with ``ep_group``), ``fixed`` (fixed-size exchanges, ``ep_capacity=T``: no host sync),
-``pipelined`` (``fixed`` in ``--pipeline-chunks`` slices, the experts on
-``--pipeline-sms`` SMs), ``torchtitan`` (its ``RoutedExperts``: dispatcher +
-``GroupedExperts``) and ``whole`` (every expert on one GPU, this rank's tokens, no
-exchange: the reference of the EP efficiency).
-
-Timing: the implementations take turns over ``--rounds`` rounds (``--calls`` steps a
-sample, a synchronize and a barrier before each); a step's time is the median over the
-rounds of the slowest rank's sample. The split: stamps where the received rows are ready
-and where the expert output is, forward and backward. ``--check`` compares the first
-step's output and gradients with a plain-torch reference (exit code 1 on a failure).
+Implementations: ``fused`` (``MoELayer`` with ``ep_group``), ``fixed`` (``ep_capacity=T``),
+``pipelined`` (``fixed`` in ``--pipeline-chunks`` slices on ``--pipeline-sms`` SMs),
+``torchtitan`` (its ``RoutedExperts``) and ``whole`` (every expert on one GPU, no
+exchange). A step's time: the median over ``--rounds`` of the slowest rank's sample.
+``--check`` compares the first step with a plain-torch reference (exit code 1 on a failure).
 """
 
 from __future__ import annotations
@@ -40,7 +33,7 @@ import groupmm.parallel as gpar
 import torch
 import torch.distributed as dist
 from ep_run import agree, run_row
-from harness.cli import init_ranks, leave, line_buffered_stdout, parser
+from harness.cli import add_doc_args, init_ranks, leave, line_buffered_stdout, parser
 from harness.configs import EP_ROUTINGS as ROUTINGS
 from harness.configs import MODELS, ZIPF_S, ep_configs
 from harness.report import error_text, from_json, started, write_outputs
@@ -130,9 +123,7 @@ def parse_args(argv=None):
         default=10,
         help="timed all_to_all_single calls per size and row (0: no bandwidth figures)",
     )
-    p.add_argument("--json", help="results, rewritten after every row (rank 0)")
-    p.add_argument("--md", help="the table in markdown, rewritten after every row (rank 0)")
-    p.add_argument("--from-json", help="render (and merge) result files; no GPU, no torchrun")
+    add_doc_args(p)
     args = p.parse_args(argv)
     if min(args.warmup + 1, args.rounds, args.calls, args.a2a_samples + 1) < 1:
         p.error("--rounds and --calls must be at least 1, --warmup and --a2a-samples at least 0")

@@ -7,12 +7,8 @@ and a dense torch.mm of the same FLOPs, with each row's roofline bound.
     python3 benches/bench_gpu.py --dry-run [...]       # the rows; no GPU
     python3 benches/bench_gpu.py --from-json F.json [--md F] [--png F]   # render; no GPU
 
-Passes: fwd (x @ w: [T, K] x [E, K, N]), dX (dy @ wᵀ), dW (xᵀ @ dy grouped along T) and
-fwd+bwd through autograd. Each row's implementations run round-robin (harness.timing);
-quack's configuration is chosen per row first (its default and three forced ones, over
---select-rounds rounds), then only the chosen one is timed with the others. Roofline: a
-row's time is at least max(FLOPs / R, bytes / B), R and B the dense-mm rate and copy
-bandwidth measured at the start of the run; "of roofline" is bound time / measured time.
+quack's configuration is chosen per row first (over --select-rounds rounds). Roofline:
+max(FLOPs / R, bytes / B), R and B the dense-mm rate and copy bandwidth of the run.
 """
 
 from __future__ import annotations

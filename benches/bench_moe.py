@@ -1,6 +1,6 @@
 """Whole MoE layers: groupmm's ``MoELayer`` against SonicMoE, the same layer on
-``F.grouped_mm`` and the plain layer most code writes, same weights and routing, timed
-round-robin (harness.timing) with peak memory and output and gradient differences.
+``F.grouped_mm`` and a plain layer, same weights and routing, timed round-robin with peak
+memory and output and gradient differences.
 
     python3 benches/bench_moe.py [--configs layer|layer-wide|fine|legacy|extra|all|NAME,...]
         [--tokens 4096,16384] [--routing router,uniform,skewed] [--passes fwd+bwd,fwd]
@@ -9,14 +9,8 @@ round-robin (harness.timing) with peak memory and output and gradient difference
     python3 benches/bench_moe.py --from-json a.json[,b.json] [--json merged.json] [--md F]
     python3 benches/bench_moe.py --tiny              # one tiny config, T = 64
 
-Implementations: ``fused`` (``MoELayer`` as it runs by default), ``groupmm`` (its unfused
-path), ``torch-gmm`` (that path on ``F.grouped_mm``), ``plain`` (``x[src]``, two
-``F.grouped_mm``, ``y[inverse]``, a weighted sum) and ``sonicmoe`` (its
-``moe_TC_softmax_topk_layer`` on copies of the weights; warmed up, JIT and autotune, with
-one step per row first). Routing ``router``: every layer routes with its router (Qwen3
-style); ``uniform`` / ``skewed`` fix the experts (SonicMoE, which always routes itself,
-is then left out). Memory: the peak a step allocates above its inputs, parameter
-gradients included.
+Implementations: ``fused``, ``groupmm`` (unfused), ``torch-gmm`` (on ``F.grouped_mm``),
+``plain`` and ``sonicmoe`` (routing ``router`` only: it routes itself).
 """
 
 from __future__ import annotations
@@ -33,7 +27,6 @@ from groupmm.moe import MoELayer, permute, unpermute
 from harness.cli import (
     add_output_args,
     add_rr_args,
-    budget_spent,
     check_lists,
     check_rr_args,
     line_buffered_stdout,
@@ -41,7 +34,7 @@ from harness.cli import (
     parser,
 )
 from harness.configs import CONFIGS, MODELS, PASSES, ROUTINGS, TINY, routing, select_configs
-from harness.report import error_text, from_json, record, rel_diff, run_doc, skip
+from harness.report import error_text, from_json, rel_diff, run_doc, run_rows
 from harness.report import write_outputs as write_files
 from harness.report.moe import (
     describe_env,
@@ -327,33 +320,24 @@ def main(argv=None) -> int:
         skipped=[],
     )
     print("\n".join(describe_env(doc)))
-    done = 0
-    for cname, (d, f, E, k) in configs.items():
-        layer = sonic_w = None
-        for r in (r for r in plan if r["config"] == cname):
-            if spent := budget_spent(args, t_start):
-                skip(doc, label(r), spent, said="budget spent")
-                continue
-            if layer is None:
-                print(f"== {cname}: d={d} d_ff={f} E={E} k={k} ({MODELS.get(cname, cname)})")
-                torch.manual_seed(0)
-                layer = MoELayer(d, f, E, k, aux_loss_coef=0.0, device=dev, dtype=dtype)
-                sonic_w = sonic_weights(layer) if S is not None else None  # copied once
-            try:
-                row = run_row(r, layer, S, sonic_w, why, args, dev, dtype)
-            except torch.cuda.OutOfMemoryError as e:
-                skip(doc, label(r), f"out of memory: {str(e)[:80]}", said="out of memory")
-                continue
-            finally:
-                if dev.type == "cuda":
-                    torch.cuda.empty_cache()
-            done += 1
-            record(doc, t_start, summarize, lambda d: write_outputs(d, args), row)
-            print(f"[{done:3}/{len(plan)} {doc['elapsed_s']:5.0f}s] " + format_row(row))
-            for who, err in row["errors"].items():
-                print(f"      {who}: {err}")
-        del layer, sonic_w
-    record(doc, t_start, summarize, lambda d: write_outputs(d, args))
+    held = {}  # the layer of the config running, and its SonicMoE weights
+
+    def measure(r):
+        if held.get("config") != r["config"]:
+            held.clear()
+            name, (d, f, E, k) = r["config"], configs[r["config"]]
+            print(f"== {name}: d={d} d_ff={f} E={E} k={k} ({MODELS.get(name, name)})")
+            torch.manual_seed(0)
+            layer = MoELayer(d, f, E, k, aux_loss_coef=0.0, device=dev, dtype=dtype)
+            sonic_w = sonic_weights(layer) if S is not None else None  # copied once
+            held.update(config=r["config"], layer=layer, sonic_w=sonic_w)
+        return run_row(r, held["layer"], S, held["sonic_w"], why, args, dev, dtype)
+
+    def show(row, head):
+        print(head + format_row(row))
+
+    write = lambda d: write_outputs(d, args)  # noqa: E731
+    run_rows(doc, plan, args, t_start, label, measure, summarize, write, show)
     print_table(doc)
     print(f"wall {doc['elapsed_s']:.0f} s")
     return 0

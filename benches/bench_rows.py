@@ -1,6 +1,5 @@
-"""The MoE row ops on their own: the bytes/s of groupmm's row kernels (``groupmm._rows``), as
-a fraction of a device-to-device copy of the same bytes timed in the same round-robin,
-and torch's equivalent, per op and shape.
+"""The MoE row ops on their own: the bytes/s of groupmm's row kernels (``groupmm._rows``) and
+of torch's equivalent, as a fraction of a device-to-device copy of the same bytes.
 
     python3 benches/bench_rows.py [--ops combine,sum,gather,scatter] [--dims 768,2048]
         [--topk 1,8] [--tokens 4096,65536] [--dtypes bf16,fp16,fp32] [--rounds 5]
@@ -8,14 +7,7 @@ and torch's equivalent, per op and shape.
     python3 benches/bench_rows.py --dry-run [...]    # the rows; no GPU
     python3 benches/bench_rows.py --from-json a.json[,b.json] [--json merged.json] [--md F]
 
-Ops (R = T*k routed rows, D columns): ``combine`` ``gather_sum(y [R, D], inverse [T, k],
-weights)`` -> [T, D] (torch: ``index_select``, a float32 weighted sum); ``sum`` the same
-unweighted; ``gather`` ``x[src]`` -> [R, D] (torch: ``index_select``); ``scatter``
-``scatter_rows(grad [T, D], inverse)`` -> [R, D] (torch: ``index_add_`` onto zeros).
-Bytes (:func:`op_bytes`): the minimum the op moves, each input row read once, each output
-row written once, the int32 index and float32 weights read once. Routing: each token's k
-distinct experts of E = max(k, 128), uniform, sorted stably by expert. Before timing,
-groupmm's output is checked against torch's (exact for gather and scatter).
+Bytes: :func:`op_bytes`. groupmm's output is checked against torch's before timing.
 """
 
 from __future__ import annotations
@@ -31,14 +23,13 @@ from groupmm._rows import gather_sum, scatter_rows
 from harness.cli import (
     add_output_args,
     add_rr_args,
-    budget_spent,
     check_rr_args,
     comma_list,
     line_buffered_stdout,
     no_cuda,
     parser,
 )
-from harness.report import error_text, fmt, from_json, record, rel_diff, run_doc, skip
+from harness.report import error_text, fmt, from_json, rel_diff, run_doc, run_rows, skip
 from harness.report import write_outputs as write_files
 from harness.report.rows import (
     describe_env,
@@ -323,28 +314,22 @@ def main(argv=None) -> int:
     doc.update(max_gib=args.max_gib, seed=args.seed, timer=rr_settings(args), rows=[])
     doc["skipped"] = list(skipped)
     print("\n".join(describe_env(doc) + [f"skip {s['row']}: {s['why']}" for s in skipped]))
-    idx_key = idx = None
-    for i, r in enumerate(plan):
-        if spent := budget_spent(args, t_start):
-            skip(doc, label(r), spent, said="budget spent")
-            continue
+    held = {}  # one routing per (T, k), reused over D and ops
+
+    def measure(r):
         if dev.type == "cuda":
             torch.cuda.empty_cache()
-        try:
-            if idx_key != (r["T"], r["k"]):  # one routing per (T, k), reused over D and ops
-                idx = routing_indices(r["T"], r["k"], args.seed, dev)
-                idx_key = (r["T"], r["k"])
-            free, _total = torch.cuda.mem_get_info()
-            need = int(r["alloc_bytes"] * 1.05) + (256 << 20)
-            if need > free:
-                skip(doc, label(r), f"needs ~{need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free")
-                continue
-            row = run_row(r, idx, args, dev)
-        except torch.cuda.OutOfMemoryError as e:
-            skip(doc, label(r), f"out of memory: {str(e)[:80]}", said="out of memory")
-            continue
-        record(doc, t_start, summarize, lambda d: write_outputs(d, args), row)
-        print(f"[{i + 1:3}/{len(plan)} {doc['elapsed_s']:5.0f}s] " + format_row(row, doc))
+        if held.get("key") != (r["T"], r["k"]):
+            held.update(key=(r["T"], r["k"]), idx=routing_indices(r["T"], r["k"], args.seed, dev))
+        free, _total = torch.cuda.mem_get_info()
+        need = int(r["alloc_bytes"] * 1.05) + (256 << 20)
+        if need > free:
+            skip(doc, label(r), f"needs ~{need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free")
+            return None
+        return run_row(r, held["idx"], args, dev)
+
+    def show(row, head):
+        print(head + format_row(row, doc))
         if row["ok"] is False:
             msg = (
                 f"!!! MISMATCH {label(row)}: groupmm's output differs from torch's "
@@ -352,9 +337,9 @@ def main(argv=None) -> int:
             )
             print(msg)
             print(msg, file=sys.stderr)
-        for who, err in row["errors"].items():
-            print(f"      {who}: {err}")
-    record(doc, t_start, summarize, lambda d: write_outputs(d, args))
+
+    write = lambda d: write_outputs(d, args)  # noqa: E731
+    run_rows(doc, plan, args, t_start, label, measure, summarize, write, show)
     print_table(doc)
     print(f"wall {doc['elapsed_s']:.0f} s")
     return 0

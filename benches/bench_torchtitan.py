@@ -4,13 +4,12 @@ model with its MoE layers on groupmm (``groupmm.integrations.torchtitan.enable_m
     NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc-per-node W benches/bench_torchtitan.py \
         [--configs qwen3-30b-a3b,mixtral] [--layers 2] [--tokens-per-gpu 8192] \
         [--steps 50] [--compile] [--json OUT] [--md OUT]
+    python3 benches/bench_torchtitan.py --from-json OUT.json [--md OUT.md]   # no GPU
     python3 -m torch.distributed.run --standalone --nproc-per-node 2 \
         benches/bench_torchtitan.py --device cpu --tiny --steps 5      # gloo smoke run
 
-torchtitan's ``Qwen3Model`` (its MoE recipe), EP = W as its trainer sets it up, each rank
-its own tokens; a step is forward, cross-entropy, backward, the expert-bias update and
-``AdamW.step``. The implementations take turns each step; per implementation the median
-step ms (slowest rank), tokens/s, the MoE layers' ms (eager runs) and the loss curve.
+A step: forward, cross-entropy, backward, the expert-bias update and ``AdamW.step``, EP = W;
+the implementations take turns each step.
 """
 
 from __future__ import annotations
@@ -22,8 +21,16 @@ import groupmm
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from harness.cli import comma_list, init_ranks, leave, line_buffered_stdout, parser
-from harness.report import dist_version, error_text, fmt, started, write_outputs
+from harness.cli import add_doc_args, comma_list, init_ranks, leave, line_buffered_stdout, parser
+from harness.report import (
+    dist_version,
+    error_text,
+    fmt,
+    from_json,
+    one_file,
+    started,
+    write_outputs,
+)
 from harness.timing import Clock, Mark, rr_orders, spread
 from peers.torchtitan import build_models, setup_parallel
 
@@ -55,8 +62,7 @@ def parse_args(argv=None):
     p.add_argument("--device", choices=("cuda", "cpu"))
     p.add_argument("--dtype", choices=tuple(DTYPES), help="default bf16 (cuda), fp32 (cpu)")
     p.add_argument("--attention", choices=("flex", "sdpa"), help="default flex (cuda)")
-    p.add_argument("--json", help="results (rank 0), rewritten after every config")
-    p.add_argument("--md", help="the table in markdown, rewritten after every config")
+    add_doc_args(p, every="config", merge=False)
     args = p.parse_args(argv)
     args.configs = "tiny" if args.tiny else args.configs
     bad = [c for c in comma_list(args.configs) if c not in CONFIGS]
@@ -226,6 +232,9 @@ def format_line(row, k) -> str:
 
 
 def render_md(doc) -> str:
+    """One run's table; a file of named runs (``runs``), each run's under its name."""
+    if isinstance(doc.get("runs"), dict):
+        return "\n".join(f"## {k}\n\n" + render_md(d) for k, d in doc["runs"].items())
     out = [
         f"# torchtitan MoE training steps: torchtitan vs groupmm ({doc['device']}, "
         f"EP = {doc['world']})",
@@ -258,6 +267,9 @@ def render_md(doc) -> str:
 def main(argv=None) -> int:
     line_buffered_stdout()
     args = parse_args(argv)
+    if args.from_json:
+        from_json(args, one_file, lambda doc: print(render_md(doc)), render_md)
+        return 0
     dev = init_ranks(args.device, 300)  # a plain `python3 bench_torchtitan.py`: one rank
     cuda = dev.type == "cuda"
     rank, W = dist.get_rank(), dist.get_world_size()

@@ -5,19 +5,18 @@ transformers' "grouped_mm", "eager" and "sonicmoe" (when it loads), same model a
     python benches/bench_transformers.py --device cpu --tiny      # a quick run anywhere
     python benches/bench_transformers.py --configs qwen3-30b-a3b --tokens 4096 --layers 2 \
         --profile-host --json out.json                            # host vs GPU time
+    python benches/bench_transformers.py --from-json out.json [--md out.md]  # no GPU
 
 Models of ``--layers`` decoder layers with random weights (Qwen3-30B-A3B-sized,
 OLMoE-sized). Passes: the whole layer and its MoE block alone, forward and forward +
 backward; median ms of ``--reps`` steps, the best of ``--rounds`` rounds. "eager" runs at
 the smallest T only. ``--profile-host``: per step the host's wall and CPU time, the
 profiled host time, the direct aten ops, the GPU's busy time and kernels, and host / GPU
-(> 1: the host is the bottleneck); the host times come before any profiled step (an
-attached CUPTI adds host time to every launch).
+(> 1: the host is the bottleneck).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import statistics
@@ -27,8 +26,8 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
-from harness.cli import parser  # noqa: E402
-from harness.report import error_text, md_row, rel_diff  # noqa: E402
+from harness.cli import add_doc_args, parser  # noqa: E402
+from harness.report import error_text, from_json, md_row, one_file, rel_diff, started, write_outputs  # noqa: E402  # noqa: E402
 from harness.timing import median_ms  # noqa: E402
 
 
@@ -130,8 +129,7 @@ def _union_ms(spans) -> float:
 
 
 def _direct_ops(events) -> int:
-    """aten ops not called from inside another aten op (each a dispatch from Python or
-    from an autograd node)."""
+    """aten ops not called from inside another aten op."""
     n = 0
     for e in events:
         if not e.name.startswith("aten::"):
@@ -144,9 +142,7 @@ def _direct_ops(events) -> int:
 
 
 def host_times(step, device: str, steps: int) -> dict:
-    """Host time of one ``step()`` (module docstring, ``--profile-host``): medians over
-    ``steps`` steps, each started with the device idle. Run before any profiler in the
-    process: once CUPTI has been attached, every later launch costs more host time."""
+    """Median wall and CPU ms of one ``step()`` over ``steps``, each from an idle device."""
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     for _ in range(2):
         step()
@@ -162,9 +158,7 @@ def host_times(step, device: str, steps: int) -> dict:
 
 
 def device_profile(step, device: str, steps: int) -> dict:
-    """Device time, kernels and ops of one ``step()`` under ``torch.profiler`` (module
-    docstring, ``--profile-host``): medians over ``steps`` steps, each started with the
-    device idle."""
+    """Medians over ``steps`` profiled ``step()``s: host and device ms, kernels, ops."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -209,8 +203,7 @@ def device_profile(step, device: str, steps: int) -> dict:
 
 
 def add_device_profiles(rows, configs, impls, device, dtype, args) -> None:
-    """``--profile-host``'s profiler half, after every host time of the run was taken
-    (:func:`host_times`): each row's device time per implementation, and host over GPU."""
+    """Each row's :func:`device_profile` per implementation, and host over GPU."""
     for name, (cls_name, kwargs) in configs.items():
         mine = [r for r in rows if r["config"] == name]
         model = build_model(cls_name, kwargs, device, dtype, seed=0, layers=args.layers)
@@ -234,7 +227,7 @@ def add_device_profiles(rows, configs, impls, device, dtype, args) -> None:
         tidy(device)
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None):
     ap = parser(__doc__)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--tiny", action="store_true", help="tiny configs and T (CPU smoke run)")
@@ -246,7 +239,7 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=2, help="best median over rounds")
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
-    ap.add_argument("--json", default=None, help="write the results here")
+    add_doc_args(ap, every="run", merge=False)
     ap.add_argument("--layers", type=int, default=1, help="decoder layers of each model")
     host_help = "also host vs GPU time per step (torch.profiler; module docstring)"
     ap.add_argument("--profile-host", action="store_true", help=host_help)
@@ -254,6 +247,46 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.layers < 1 or args.profile_steps < 1:
         ap.error("--layers and --profile-steps: expected a positive int")
+    return args
+
+
+def time_passes(model, closures, moe_out, passes, impls, skip_eager, args) -> tuple:
+    """``{pass: {impl: ms or why not}}``, the best of ``--rounds`` rounds of every
+    implementation, and each implementation's MoE output."""
+    results = {p: {} for p in passes}
+    outs = {}
+    if "eager" in impls and skip_eager:  # eager (a loop) is slow
+        for p in passes:
+            results[p]["eager"] = "skipped (slow)"
+    for _ in range(args.rounds):
+        for impl in impls:
+            if any(isinstance(results[p].get(impl), str) for p in passes):
+                continue
+            try:
+                set_impl(model, impl)
+                if impl not in outs:
+                    outs[impl] = moe_out()
+            except Exception as err:  # a missing or failing implementation
+                for p in passes:
+                    results[p][impl] = error_text(err)
+                continue
+            for p in passes:
+                try:
+                    ms = median_ms(closures[p], args.reps, args.warmup, cuda=args.device == "cuda")
+                except Exception as err:
+                    results[p][impl] = error_text(err)
+                    continue
+                prev = results[p].get(impl)
+                results[p][impl] = ms if prev is None else min(prev, ms)
+            tidy(args.device)
+    return results, outs
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.from_json:
+        from_json(args, one_file, lambda doc: print(render_md(doc)), render_md)
+        return 0
 
     import groupmm
     import transformers
@@ -261,7 +294,6 @@ def main(argv=None) -> int:
 
     register()
     device, dtype = args.device, {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
-    cuda = device == "cuda"
     configs = TINY if args.tiny else CONFIGS
     if args.configs:
         configs = {k: v for k, v in {**CONFIGS, **TINY}.items() if k in args.configs.split(",")}
@@ -271,7 +303,7 @@ def main(argv=None) -> int:
     passes = args.passes.split(",")
 
     env = {
-        "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "python": sys.version.split()[0],
@@ -279,40 +311,16 @@ def main(argv=None) -> int:
         **{k: getattr(args, k) for k in ("dtype", "reps", "warmup", "rounds", "layers")},
     }
     print(f"# {env['device']} | torch {env['torch']} | transformers {env['transformers']}")
-    rows = []
+    doc = {"schema": "transformers/1", "argv": sys.argv[1:] if argv is None else list(argv)}
+    doc.update(started=started(), env=env, impls=impls, rows=[])
+    rows = doc["rows"]
     t_start = time.perf_counter()
     for name, (cls_name, kwargs) in configs.items():
         model = build_model(cls_name, kwargs, device, dtype, seed=0, layers=args.layers)
         for tokens in tokens_list:
             closures, moe_out = steps(model, tokens, device, dtype, seed=1)
-            results = {p: {} for p in passes}
-            outs = {}
-            if "eager" in impls and tokens > min(tokens_list):  # eager (a loop) is slow
-                for p in passes:
-                    results[p]["eager"] = "skipped (slow)"
-            # rounds: every implementation once per round, best round's median kept, so
-            # that a slow phase of the machine does not fall on one implementation only
-            for _ in range(args.rounds):
-                for impl in impls:
-                    if any(isinstance(results[p].get(impl), str) for p in passes):
-                        continue
-                    try:
-                        set_impl(model, impl)
-                        if impl not in outs:
-                            outs[impl] = moe_out()
-                    except Exception as err:  # a missing or failing implementation
-                        for p in passes:
-                            results[p][impl] = error_text(err)
-                        continue
-                    for p in passes:
-                        try:
-                            ms = median_ms(closures[p], args.reps, args.warmup, cuda=cuda)
-                        except Exception as err:
-                            results[p][impl] = error_text(err)
-                            continue
-                        prev = results[p].get(impl)
-                        results[p][impl] = ms if prev is None else min(prev, ms)
-                    tidy(device)
+            slow = tokens > min(tokens_list)
+            results, outs = time_passes(model, closures, moe_out, passes, impls, slow, args)
             host = {p: {} for p in passes}
             for impl in impls if args.profile_host else []:
                 if any(isinstance(results[p].get(impl), str) for p in passes):
@@ -330,40 +338,22 @@ def main(argv=None) -> int:
                 rows.append({**row, "host": host[p]} if args.profile_host else row)
         del model
         tidy(device)
+    # the profiled steps come after every host time above: once torch.profiler has run in
+    # the process (CUPTI attached), every later launch costs more host time
     if args.profile_host:
         add_device_profiles(rows, configs, impls, device, dtype, args)
     env["seconds"] = round(time.perf_counter() - t_start, 1)
-
-    print_table(rows, impls)
-    if args.profile_host:
-        print_host_table(rows, impls)
-    print(f"# {env['seconds']} s")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"env": env, "rows": rows}, f, indent=1)
+    print(render_md(doc) + f"# {env['seconds']} s")
+    write_outputs(doc, args.json, args.md, render_md)
     return 0
 
 
-def fmt(v) -> str:
+def cell(v) -> str:
     return f"{v:.2f}" if isinstance(v, float) else ("n/a" if v is None else str(v)[:40])
 
 
-def print_table(rows, impls) -> None:
-    head = ["config", "T", "pass", *impls, "grouped_mm/groupmm", "rel diff"]
-    print(md_row(head))
-    print("|" + "---|" * len(head))
-    notes = {}
-    for r in rows:
-        failed = {i: v for i, v in r["ms"].items() if isinstance(v, str) and v[:7] != "skipped"}
-        for impl, v in failed.items():
-            notes.setdefault(impl, v)
-        cells = ["failed" if i in failed else fmt(r["ms"].get(i)) for i in impls]
-        a, b = r["ms"].get("groupmm"), r["ms"].get("grouped_mm")
-        ratio = f"{b / a:.2f}x" if isinstance(a, float) and isinstance(b, float) else "n/a"
-        diff = "n/a" if r["rel_diff"] is None else f"{r['rel_diff']:.1e}"
-        print(md_row([r["config"], str(r["T"]), r["pass"], *cells, ratio, diff]))
-    for impl, err in notes.items():
-        print(f"# {impl}: {err}")
+def table_head(head) -> list:
+    return [md_row(head), "|" + "---|" * len(head)]
 
 
 #: the --profile-host table's columns: heading, field
@@ -372,12 +362,25 @@ HOST_COLUMNS.update({"GPU ms": "gpu_ms", "GPU sum": "gpu_sum_ms", "kernels": "ke
 HOST_COLUMNS.update({"ops": "ops", "host/GPU": "host_over_gpu"})
 
 
-def print_host_table(rows, impls) -> None:
-    """``--profile-host``: one line per pass and implementation."""
-    head, fields = ["config", "T", "pass", "impl", *HOST_COLUMNS], HOST_COLUMNS.values()
-    print()
-    print(md_row(head))
-    print("|" + "---|" * len(head))
+def render_md(doc) -> str:
+    """The time table, then (``--profile-host``) one line per pass and implementation."""
+    rows = doc["rows"]
+    impls = doc.get("impls") or list(dict.fromkeys(i for r in rows for i in r["ms"]))
+    out = table_head(["config", "T", "pass", *impls, "grouped_mm/groupmm", "rel diff"])
+    notes = {}
+    for r in rows:
+        failed = {i: v for i, v in r["ms"].items() if isinstance(v, str) and v[:7] != "skipped"}
+        for impl, v in failed.items():
+            notes.setdefault(impl, v)
+        cells = ["failed" if i in failed else cell(r["ms"].get(i)) for i in impls]
+        a, b = r["ms"].get("groupmm"), r["ms"].get("grouped_mm")
+        ratio = f"{b / a:.2f}x" if isinstance(a, float) and isinstance(b, float) else "n/a"
+        diff = "n/a" if r["rel_diff"] is None else f"{r['rel_diff']:.1e}"
+        out.append(md_row([r["config"], str(r["T"]), r["pass"], *cells, ratio, diff]))
+    out += [f"# {impl}: {err}" for impl, err in notes.items()]
+    if any("host" in r for r in rows):
+        out += ["", *table_head(["config", "T", "pass", "impl", *HOST_COLUMNS])]
+    fields = HOST_COLUMNS.values()
     for r in rows:
         for impl in impls:
             h = r.get("host", {}).get(impl)
@@ -386,8 +389,9 @@ def print_host_table(rows, impls) -> None:
             if isinstance(h, str):
                 cells = ["failed: " + h[:60]] + [""] * (len(HOST_COLUMNS) - 1)
             else:
-                cells = [fmt(h[k]) if k != "kernels" else str(round(h[k])) for k in fields]
-            print(md_row([r["config"], str(r["T"]), r["pass"], impl, *cells]))
+                cells = [cell(h[k]) if k != "kernels" else str(round(h[k])) for k in fields]
+            out.append(md_row([r["config"], str(r["T"]), r["pass"], impl, *cells]))
+    return "\n".join(out) + "\n"
 
 
 if __name__ == "__main__":

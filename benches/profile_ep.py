@@ -6,9 +6,10 @@ rank; with exact sizes, fixed sizes (capacity = the tokens per GPU) or both.
     NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc-per-node W benches/profile_ep.py \
         [--config mixtral] [--tokens-per-gpu 16384] [--modes exact,fixed] \
         [--trace OUT.json.gz] [--md OUT.md] [--device cuda|cpu]
+    python3 benches/profile_ep.py --from-json OUT.json [--md OUT.md]   # no GPU
 
-``--md`` also writes the document as JSON beside it; with several modes each mode's trace
-goes to ``--trace``'s name with ``-MODE`` before its extension.
+``--md`` also writes the document as JSON beside it (unless ``--json``); with several
+modes each mode's trace goes to ``--trace``'s name with ``-MODE`` before its extension.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ import os
 import sys
 import time
 
-from harness.cli import init_ranks, line_buffered_stdout, parser
+from harness.cli import add_doc_args, init_ranks, line_buffered_stdout, parser
 from harness.configs import ep_configs
+from harness.report import from_json, one_file, write_outputs
 from harness.timing import Clock
 
 CATEGORIES = ("gemm", "nccl", "rows", "other")
@@ -37,7 +39,7 @@ def parse_args(argv=None):
     p.add_argument("--modes", default="exact", help="comma list of exact, fixed")
     p.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda when available")
     p.add_argument("--trace", help="rank 0's chrome trace (.json or .json.gz)")
-    p.add_argument("--md", help="the summary in markdown (rank 0)")
+    add_doc_args(p, every="run", merge=False)
     args = p.parse_args(argv)
     args.modes = args.modes.split(",")
     bad = [m for m in args.modes if m not in MODES]
@@ -264,13 +266,9 @@ def profile(args) -> int:
             "tokens_per_gpu": T,
             "modes": results,
         }
-        md = render_md(doc)
-        print(md)
-        if args.md:
-            with open(args.md, "w") as fh:
-                fh.write(md)
-            with open(os.path.splitext(args.md)[0] + ".json", "w") as fh:
-                json.dump(doc, fh, indent=1)
+        print(render_md(doc))
+        beside = os.path.splitext(args.md)[0] + ".json" if args.md else None
+        write_outputs(doc, args.json or beside, args.md, render_md)
     dist.barrier()
     dist.destroy_process_group()
     return 0
@@ -279,6 +277,9 @@ def profile(args) -> int:
 def main(argv=None) -> int:
     line_buffered_stdout()
     args = parse_args(argv)
+    if args.from_json:
+        from_json(args, one_file, lambda doc: print(render_md(doc)), render_md)
+        return 0
     ep_configs(args.config)  # an unknown name stops here, before the process group
     return profile(args)
 

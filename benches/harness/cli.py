@@ -35,11 +35,17 @@ def add_output_args(p, budget: str = "row", png: bool = False, merge: bool = Tru
     p.add_argument(
         "--budget-s", type=float, default=0, help=f"start no new {budget} after this many seconds"
     )
-    p.add_argument("--json", help="results, rewritten after every row")
-    p.add_argument("--md", help="the table in markdown, rewritten after every row")
+    add_doc_args(p, merge=merge)
     if png:
         p.add_argument("--png", help="a chart of the run (needs matplotlib)")
     p.add_argument("--dry-run", action="store_true", help="print the rows; no GPU")
+
+
+def add_doc_args(p, every: str = "row", merge: bool = True) -> None:
+    """``--json`` and ``--md`` (rank 0's, rewritten after every ``every``) and ``--from-json``
+    (a comma list merged into one table with ``merge``)."""
+    p.add_argument("--json", help=f"results, rewritten after every {every}")
+    p.add_argument("--md", help=f"the table in markdown, rewritten after every {every}")
     what = "result files (comma list: merged into one table)" if merge else "a result file"
     p.add_argument("--from-json", help=f"render {what}; no GPU")
 

@@ -1,13 +1,5 @@
-"""The one timer of the benches.
-
-``round_robin({name: fn})`` times implementations of one product against each other: each
-is warmed up, then the implementations take turns over ``rounds`` rounds, the first
-rotating each round; a sample is CUDA events around ``calls`` back-to-back calls (chosen
-so that a sample lasts about ``sample_ms``), after the same GPU spin (``lead``), long
-enough for the host to enqueue the sample. Per implementation: the median ms per call,
-its spread over the rounds and the per-round samples (``paired`` takes ratios round by
-round). ``median_ms(fn, reps)``: the median of one callable; ``per_call_us``: host µs per
-call. ``Clock``: stamps on the GPU's timeline or the host's.
+"""The one timer of the benches: ``round_robin`` (implementations taking turns over rounds,
+CUDA events around back-to-back calls), ``median_ms``, ``per_call_us`` and ``Clock``.
 """
 
 from __future__ import annotations

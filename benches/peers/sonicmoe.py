@@ -1,13 +1,7 @@
-"""SonicMoE, as the benches call it (bench_moe.py times its layer, dev/profile_moe.py
-profiles it): how it is imported (:func:`load_sonic`, optional: absent, the benches say why), the
-versions of its stack (:func:`peer_versions`), groupmm's weights in its layout and back
-(:func:`sonic_weights`, :func:`sonic_args`, :func:`to_groupmm_layout`), one forward as
-``../shared/PEERS.md`` shows (:func:`sonic_forward`), and the layer those tensors define
-in plain torch (:func:`sonic_layout_reference`, for the tests).
-
-Layout: router ``[E, d]`` as it is; ``w1`` ``(E, 2F, d)`` = ``w_in.transpose(1, 2)`` (rows
-``[gate; up]``, ``concat_layout=True``) and ``w2`` ``(E, d, F)`` = ``w_out.transpose(1,
-2)``, both handed over as ``.permute(1, 2, 0)``.
+"""SonicMoE as the benches call it: its import (:func:`load_sonic`), its stack's versions
+(:func:`peer_versions`), groupmm's weights in its layout and back (:func:`sonic_weights`,
+:func:`sonic_args`, :func:`to_groupmm_layout`), one forward (:func:`sonic_forward`) and
+that layer in plain torch (:func:`sonic_layout_reference`, for the tests).
 """
 
 from __future__ import annotations
@@ -43,11 +37,8 @@ def load_sonic():
 
 
 def sonic_weights(layer: MoELayer) -> tuple:
-    """Copies of ``layer``'s weights in SonicMoE's layout, as new leaf tensors:
-    ``router_w`` ``[E, d]`` (the gate's ``nn.Linear`` weight), ``w1`` ``(E, 2F, d)`` with
-    rows ``[gate; up]`` (``w_in`` is ``[E, d, 2F]``, columns ``[gate | up]``) and ``w2``
-    ``(E, d, F)`` (``w_out`` is ``[E, F, d]``), each contiguous, so that ``w.permute(1, 2,
-    0)`` has the stride order (2, 0, 1) SonicMoE documents."""
+    """Copies of ``layer``'s weights in SonicMoE's layout, new contiguous leaves: ``router_w``
+    ``[E, d]``, ``w1`` ``(E, 2F, d)`` (rows ``[gate; up]``), ``w2`` ``(E, d, F)``."""
     with torch.no_grad():
         router_w = layer.router.gate.weight.detach().clone()
         w1 = layer.experts.w_in.detach().transpose(1, 2).contiguous()
@@ -89,10 +80,7 @@ def sonic_forward(S: dict, x, router_w, w1, w2, k: int):
 
 def sonic_layout_reference(x, router_w, w1p, w2p, k: int):
     """The layer the tensors handed to SonicMoE define, in plain torch ops (a loop over
-    experts): logits ``x @ router_wᵀ``; softmax over all experts (float32 or wider), top-k,
-    renormalised; for expert e, ``h = x @ w1p[:, :, e]ᵀ``, ``gate, up = h.chunk(2)``
-    (``concat_layout=True``), ``y = (silu(gate) * up) @ w2p[:, :, e]ᵀ``; the output is the
-    weighted sum of each token's k rows. ``w1p`` ``(2F, d, E)``, ``w2p`` ``(d, F, E)``."""
+    experts; ``w1p`` ``(2F, d, E)``, ``w2p`` ``(d, F, E)``)."""
     logits = F.linear(x, router_w)
     probs = logits.to(torch.promote_types(logits.dtype, torch.float32)).softmax(-1)
     top, ids = probs.topk(k, dim=-1)

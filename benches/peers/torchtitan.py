@@ -1,13 +1,8 @@
-"""torchtitan, as bench_ep.py and bench_torchtitan.py call it: how it is imported and set up
-(:func:`load_torchtitan`: its SPMD backend, the EP mesh registered as its trainer does;
-optional: absent, the bench says why), its version, its ``RoutedExperts`` (its
-``AllToAllTokenDispatcher`` + ``GroupedExperts``) built on copies of groupmm's local
-experts (:func:`build_torchtitan`: w1 = gate^T, w3 = up^T, w2 = w_out^T) and its expert
-gradients in groupmm's layout (:func:`torchtitan_grads`). On gloo its uneven list-form
-``all_to_all`` (which gloo lacks) goes through ``all_to_all_single`` (:class:`_GlooDist`,
-installed by ``spmd_types._dist.set_dist``, the hook spmd_types provides for that).
-bench_torchtitan.py's models: its Qwen3-MoE recipe at a config's sizes, EP over its
-``ParallelDims`` (:func:`setup_parallel`, :func:`build_models`).
+"""torchtitan as bench_ep.py and bench_torchtitan.py call it: its import and set-up
+(:func:`load_torchtitan`), its ``RoutedExperts`` on copies of groupmm's experts
+(:func:`build_torchtitan`), their gradients in groupmm's layout (:func:`torchtitan_grads`)
+and bench_torchtitan's models (:func:`setup_parallel`, :func:`build_models`). On gloo,
+uneven ``all_to_all`` goes through ``all_to_all_single`` (:class:`_GlooDist`).
 """
 
 from __future__ import annotations

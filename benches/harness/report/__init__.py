@@ -1,11 +1,7 @@
 """Result files and their rendering, shared by every bench (one module per bench's table
-beside this one: gpu, moe, rows, ep).
-
-A result document is one JSON object: ``schema``, ``complete``, ``argv`` (``runs`` once
-several runs are merged), ``started``, the device and versions, then ``rows`` and
-``skipped``. A bench rewrites it after every row (:func:`write_outputs`: a run cut short
-keeps what ran); ``--from-json`` (:func:`from_json`) reads, merges and renders files
-without a GPU.
+beside this one). A result document is one JSON object (``schema``, ``complete``, ``argv``
+or ``runs``, ``started``, device and versions, ``rows``, ``skipped``), rewritten after
+every row (:func:`write_outputs`); :func:`from_json` reads, merges and renders files.
 """
 
 from __future__ import annotations
@@ -169,6 +165,33 @@ def skip(doc: dict, name: str, why: str, key: str = "row", said=None) -> None:
     """A row (or shape) not measured: listed under ``skipped`` with why, said on stdout."""
     doc["skipped"].append({key: name, "why": why})
     print(f"skip {name}: {said or why}")
+
+
+def run_rows(doc, plan, args, t_start, label, measure, summarize, write, show) -> None:
+    """A bench's rows in turn: none after ``--budget-s``; ``measure(row)`` (a result, or None
+    when it skipped the row), out of memory a skip; each result recorded, its progress
+    line (``show(result, prefix)``) and errors printed; then the document complete."""
+    from harness.cli import budget_spent
+
+    for i, r in enumerate(plan):
+        if spent := budget_spent(args, t_start):
+            skip(doc, label(r), spent, said="budget spent")
+            continue
+        try:
+            row = measure(r)
+        except torch.cuda.OutOfMemoryError as e:
+            skip(doc, label(r), f"out of memory: {str(e)[:80]}", said="out of memory")
+            continue
+        finally:
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        if row is None:
+            continue
+        record(doc, t_start, summarize, write, row)
+        show(row, f"[{i + 1:3}/{len(plan)} {doc['elapsed_s']:5.0f}s] ")
+        for who, err in row["errors"].items():
+            print(f"      {who}: {err}")
+    record(doc, t_start, summarize, write)
 
 
 def commands(doc: dict, prefix: str = "") -> list:

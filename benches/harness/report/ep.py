@@ -67,10 +67,8 @@ def exchange_sizes(ins: list, outs: list, row_bytes: int) -> dict:
 
 
 def alltoall_figures(rows: int, world: int, row_bytes: int, per_rank: list) -> dict:
-    """One all-to-all measurement: ``rows`` sent by every rank (``rows / world`` to each
-    rank, its own included), ``per_rank[r]`` rank r's sample ms; the time is the median
-    over the samples of the slowest rank's, the bandwidth the bytes that leave a rank
-    over it (None at W = 1: nothing leaves)."""
+    """One all-to-all of ``rows`` per rank (``per_rank[r]``: rank r's sample ms): the median
+    of the slowest rank's samples, and the bytes leaving a rank over it (None at W = 1)."""
     n = min(len(p) for p in per_rank) if per_rank else 0
     worst = [max(p[i] for p in per_rank) for i in range(n)]
     ms = statistics.median(worst) if worst else None
@@ -86,10 +84,8 @@ def alltoall_figures(rows: int, world: int, row_bytes: int, per_rank: list) -> d
 
 
 def make_row(spec: dict, W: int, everyone: list, names: list, errors, check, dtype) -> dict:
-    """The row from every rank's numbers: per implementation the step time (median over
-    the rounds of the slowest rank's sample), tokens/s per GPU, the phase medians (largest
-    over ranks), the EP efficiency (``whole``'s step / this one's), the speed against
-    torchtitan, (fused, fixed) the exchanges; the all-to-all bandwidth (each when measured)."""
+    """The row from every rank's numbers: per implementation the step time, tokens/s per
+    GPU, phases, EP efficiency, speed against torchtitan, exchanges; all-to-all bandwidth."""
     recv = [o["recv_rows"] for o in everyone]
     mean = sum(recv) / len(recv)
     row = dict(spec, world=W, dtype=dtype, recv_rows=recv)
