@@ -4,7 +4,7 @@
     python3 benches/bench_gate_up.py [--configs all|NAME,...] [--tokens 16384]
         [--layout torchtitan|packed] [--rounds 7] [--json out.json] [--md out.md]
 
-Rows: ``up fwd`` (``_native.swiglu_mm``, pair vs concatenated: the same kernel) and
+Rows: ``up fwd`` (``_native.product("swiglu")``, pair vs concatenated: the same kernel) and
 ``block fwd+bwd`` (``expert_block``: concat, pair, cat/step). ``--layout torchtitan``:
 ``[E, F, D]`` weights read through transposed views; ``packed``: ``[E, D, F]``.
 """
